@@ -1,0 +1,99 @@
+// The backend interface: one method per kernel family. The GPT-2 model is written once as
+// a sequence of these calls; the CPU backend (core/cpu_backend.cpp, the executable
+// specification) and the CUDA backend (cuda/cuda_backend.cu) implement them.
+//
+// Conventions for every method:
+//  - `fmt` is the numeric format of stored results. Results are computed in FP32 (FP64 in
+//    the FP64 reference mode) and rounded once to fmt when stored (round-to-nearest-even).
+//    On the CPU, BF16/FP16 values live in FP32 storage (see storage_dtype).
+//  - Weights are stored (out, in), as in PyTorch and llm.c.
+//  - "+=" outputs accumulate: dst = round_fmt(dst + contribution), contribution in FP32.
+//  - Every method checks shapes and throws st::Error naming the argument.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "attention/attention.h"
+#include "core/tensor.h"
+
+namespace st {
+
+struct AdamWArgs {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled; the caller passes 0 for tensors it does not decay
+  int step = 1;               // 1-based, for bias correction
+  float grad_scale = 1.0f;    // multiply the stored gradient by this (1/loss_scale * clip)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  // Storage dtype that holds values of logical format fmt on this backend.
+  virtual DType storage_dtype(DType fmt) const = 0;
+  virtual Tensor alloc(const Shape& shape, DType storage) = 0;
+  virtual void zero(const Tensor& t) = 0;
+  // dst <- src for equal numel, across devices and dtypes (converting with RNE).
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  // dst <- round_fmt(src): copy() plus rounding where dst's storage is wider than fmt
+  // (the CPU's FP32 storage of BF16/FP16 values). Default: copy() (storage == fmt).
+  virtual void round_copy(const Tensor& dst, const Tensor& src, DType fmt) { copy(dst, src); }
+  virtual void synchronize() {}
+
+  // out (B,T,C) = wte[tokens] + wpe[0:T]; tokens int32 (B,T) on the host.
+  virtual void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                               const Tensor& wpe, DType fmt) = 0;
+  // dwte += scatter(dout), dwpe += sum over batch. Fixed summation order (deterministic).
+  virtual void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                const Tensor& tokens, DType fmt) = 0;
+  // out (N,C) normalised, mean/rstd (N) in FP32.
+  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                 const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                                 DType fmt) = 0;
+  // dinp += , dweight += , dbias += .
+  virtual void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd, DType fmt) = 0;
+  // out (N,OC) = inp (N,C) . weight(OC,C)^T + bias(OC); bias may be undefined.
+  virtual void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                              const Tensor& bias, DType fmt) = 0;
+  // dinp = dout . weight (overwritten); dweight += dout^T . inp; dbias += colsum(dout).
+  virtual void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                               DType fmt) = 0;
+  // tanh-approximation GELU.
+  virtual void gelu_forward(const Tensor& out, const Tensor& inp, DType fmt) = 0;
+  // dinp = dout * gelu'(inp) (overwritten; may alias dout).
+  virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout,
+                             DType fmt) = 0;
+  virtual void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b,
+                                DType fmt) = 0;
+  // Fused classifier: logits (N,Vp), only the first V columns are real tokens.
+  // losses (N) = -log softmax(logits)[target]; if dlogits is defined it receives
+  // (softmax - onehot) * dloss, zero in the padded columns (may alias logits).
+  virtual void crossentropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
+                                             const Tensor& logits, const Tensor& targets, int V,
+                                             float dloss, DType fmt) = 0;
+  // Sum of squares in a fixed order, accumulated in FP64.
+  virtual double sum_squares(const Tensor& t) = 0;
+  virtual bool all_finite(const Tensor& t) = 0;
+  // AdamW (PyTorch's formulation) on one flat range. master is FP32 (FP64 in the reference
+  // mode) and is updated; when param is a different tensor it receives round_fmt(master).
+  virtual void adamw_update(const Tensor& master, const Tensor& param, const Tensor& grad,
+                            const Tensor& m, const Tensor& v, const AdamWArgs& a,
+                            DType fmt) = 0;
+  virtual std::unique_ptr<Attention> make_attention(const AttentionConfig& cfg) = 0;
+};
+
+// threads <= 0: leave the thread count to OpenMP/BLAS defaults.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// Throws a clear error in a build without CUDA or on a machine without a GPU.
+std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
+bool cuda_available();  // built with CUDA and a device is present
+std::unique_ptr<Backend> make_backend(const std::string& device);  // auto | cpu | cuda
+
+}  // namespace st

@@ -1,0 +1,282 @@
+// GPT-2 forward and backward as a sequence of backend calls (see gpt2.h for the layout
+// and precision rules). No #ifdef CUDA here: the backend decides where each call runs.
+#include "model/gpt2.h"
+
+#include <cmath>
+#include <limits>
+
+namespace st {
+
+void GPT2Config::validate() const {
+  ST_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
+  ST_CHECK(n_head > 0, "model.n_head must be positive, got ", n_head);
+  ST_CHECK(n_embd > 0 && n_embd % n_head == 0, "model.n_embd (", n_embd,
+           ") must be a positive multiple of model.n_head (", n_head, ")");
+  ST_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
+  ST_CHECK(max_seq_len > 0, "model.max_seq_len must be positive, got ", max_seq_len);
+  ST_CHECK(padded_vocab_size == 0 || padded_vocab_size >= vocab_size,
+           "model.padded_vocab_size (", padded_vocab_size, ") is below vocab_size (",
+           vocab_size, ")");
+}
+
+int GPT2Config::vp() const {
+  return padded_vocab_size > 0 ? padded_vocab_size : (vocab_size + 127) / 128 * 128;
+}
+
+const char* param_name(int id) {
+  static const char* names[kNumParams] = {
+      "wte",  "wpe", "ln1w",     "ln1b",    "qkvw", "qkvb", "attprojw", "attprojb",
+      "ln2w", "ln2b", "fcw",     "fcb",     "fcprojw", "fcprojb", "lnfw", "lnfb"};
+  return id >= 0 && id < kNumParams ? names[id] : "?";
+}
+
+std::array<Shape, kNumParams> param_shapes(const GPT2Config& c) {
+  const int64_t L = c.n_layer, C = c.n_embd;
+  return {Shape{c.vp(), C}, Shape{c.max_seq_len, C}, Shape{L, C},     Shape{L, C},
+          Shape{L, 3 * C, C}, Shape{L, 3 * C},       Shape{L, C, C},  Shape{L, C},
+          Shape{L, C},       Shape{L, C},            Shape{L, 4 * C, C}, Shape{L, 4 * C},
+          Shape{L, C, 4 * C}, Shape{L, C},           Shape{C},        Shape{C}};
+}
+
+int64_t num_parameters(const GPT2Config& c) {
+  int64_t n = 0;
+  for (const auto& s : param_shapes(c)) n += shape_numel(s);
+  return n;
+}
+
+namespace {
+bool is_decayed(int id) {  // 2-D weights; biases and layernorm parameters are not decayed
+  return id == kWte || id == kWpe || id == kQkvw || id == kAttprojw || id == kFcw ||
+         id == kFcprojw;
+}
+}  // namespace
+
+GPT2::GPT2(const GPT2Config& cfg, Backend& backend, DType compute, const AttentionConfig& attn,
+           const LossScalerConfig& ls)
+    : cfg_(cfg), be_(backend), compute_(compute) {
+  cfg_.validate();
+  cfg_.padded_vocab_size = cfg_.vp();
+  ST_CHECK(compute != DType::I32, "precision.compute cannot be int32");
+  ST_CHECK(compute != DType::F64 || be_.device() == Device::CPU,
+           "precision.compute fp64 is a CPU reference mode; use device: cpu");
+  storage_ = be_.storage_dtype(compute_);
+  stat_ = be_.storage_dtype(compute_ == DType::F64 ? DType::F64 : DType::F32);
+  const DType master_dtype = compute_ == DType::F64 ? DType::F64 : DType::F32;
+
+  const auto shapes = param_shapes(cfg_);
+  int64_t off = 0;
+  for (int i = 0; i < kNumParams; ++i) {
+    offsets_[i] = off;
+    off += shape_numel(shapes[i]);
+  }
+  nparams_ = off;
+  params_flat_ = be_.alloc({nparams_}, storage_);
+  grads_flat_ = be_.alloc({nparams_}, storage_);
+  const bool separate_master = compute_ == DType::BF16 || compute_ == DType::F16;
+  master_ = separate_master ? be_.alloc({nparams_}, master_dtype) : params_flat_;
+  m_ = be_.alloc({nparams_}, master_dtype);
+  v_ = be_.alloc({nparams_}, master_dtype);
+  for (const Tensor* t : {&params_flat_, &grads_flat_, &master_, &m_, &v_}) be_.zero(*t);
+  for (int i = 0; i < kNumParams; ++i) {
+    const int64_t n = shape_numel(shapes[i]);
+    params_[i] = params_flat_.flat(offsets_[i], n, shapes[i]);
+    grads_[i] = grads_flat_.flat(offsets_[i], n, shapes[i]);
+    masters_[i] = master_.flat(offsets_[i], n, shapes[i]);
+    ms_[i] = m_.flat(offsets_[i], n, shapes[i]);
+    vs_[i] = v_.flat(offsets_[i], n, shapes[i]);
+  }
+  for (int l = 0; l < cfg_.n_layer; ++l) attn_.push_back(be_.make_attention(attn));
+  LossScalerConfig lsc = ls;
+  lsc.enabled = compute_ == DType::F16;
+  scaler_ = LossScaler(lsc);
+}
+
+void GPT2::init_weights(uint64_t seed) {
+  Rng rng(seed);
+  const auto shapes = param_shapes(cfg_);
+  std::vector<float> flat(nparams_, 0.0f);
+  const double std_proj = 0.02 / std::sqrt(2.0 * cfg_.n_layer);
+  const int64_t C = cfg_.n_embd;
+  for (int i = 0; i < kNumParams; ++i) {
+    float* p = flat.data() + offsets_[i];
+    const int64_t n = shape_numel(shapes[i]);
+    if (i == kLn1w || i == kLn2w || i == kLnfw) {
+      for (int64_t j = 0; j < n; ++j) p[j] = 1.0f;
+    } else if (is_decayed(i)) {
+      // Padded vocabulary rows stay zero and draw nothing, so the stream is Vp-independent.
+      const int64_t drawn = i == kWte ? static_cast<int64_t>(cfg_.vocab_size) * C : n;
+      const double sd = (i == kAttprojw || i == kFcprojw) ? std_proj : 0.02;
+      for (int64_t j = 0; j < drawn; ++j) p[j] = static_cast<float>(sd * rng.normal());
+    }  // biases stay 0
+  }
+  set_master_fp32(flat);
+  adam_t_ = 0;
+}
+
+void GPT2::set_master_fp32(const std::vector<float>& flat) {
+  ST_CHECK(static_cast<int64_t>(flat.size()) == nparams_, "weights: got ", flat.size(),
+           " values, the model has ", nparams_);
+  Tensor host = Tensor::empty({nparams_}, DType::F32);
+  std::copy(flat.begin(), flat.end(), host.data<float>());
+  be_.copy(master_, host);
+  sync_params_from_master();
+}
+
+std::vector<float> GPT2::master_fp32() const {
+  Tensor host = Tensor::empty({nparams_}, DType::F32);
+  be_.copy(host, master_);
+  const float* p = host.data<float>();
+  return std::vector<float>(p, p + nparams_);
+}
+
+void GPT2::sync_params_from_master() {
+  if (params_flat_.raw() != master_.raw()) be_.round_copy(params_flat_, master_, compute_);
+}
+
+void GPT2::ensure_acts(int B, int T) {
+  ST_CHECK(B > 0 && T > 0, "batch size and sequence length must be positive, got B=", B,
+           " T=", T);
+  ST_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ",
+           cfg_.max_seq_len);
+  if (acts_.B == B && acts_.T == T) return;
+  const int64_t L = cfg_.n_layer, C = cfg_.n_embd, NH = cfg_.n_head, Vp = cfg_.vp();
+  Acts a;
+  a.B = B;
+  a.T = T;
+  auto act = [&](Shape s) { return be_.alloc(s, storage_); };
+  auto stat = [&](Shape s) { return be_.alloc(s, stat_); };
+  a.tokens = Tensor::empty({B, T}, DType::I32);
+  a.targets = Tensor::empty({B, T}, DType::I32);
+  a.encoded = act({B, T, C});
+  a.ln1 = act({L, B, T, C});
+  a.ln1_mean = stat({L, B, T});
+  a.ln1_rstd = stat({L, B, T});
+  a.qkv = act({L, B, T, 3 * C});
+  a.atty = act({L, B, T, C});
+  a.lse = stat({L, B, NH, T});
+  a.attproj = act({L, B, T, C});
+  a.residual2 = act({L, B, T, C});
+  a.ln2 = act({L, B, T, C});
+  a.ln2_mean = stat({L, B, T});
+  a.ln2_rstd = stat({L, B, T});
+  a.fch = act({L, B, T, 4 * C});
+  a.fch_gelu = act({L, B, T, 4 * C});
+  a.fcproj = act({L, B, T, C});
+  a.residual3 = act({L, B, T, C});
+  a.lnf = act({B, T, C});
+  a.lnf_mean = stat({B, T});
+  a.lnf_rstd = stat({B, T});
+  a.logits = act({B, T, Vp});
+  a.losses = stat({B, T});
+  a.dresidual = act({B, T, C});
+  a.dbtc = act({B, T, C});
+  a.dbt4c = act({B, T, 4 * C});
+  a.dqkv = act({B, T, 3 * C});
+  a.datty = act({B, T, C});
+  acts_ = std::move(a);
+}
+
+Tensor GPT2::residual_in(int l) const { return l == 0 ? acts_.encoded : acts_.residual3[l - 1]; }
+
+float GPT2::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+  ensure_acts(B, T);
+  const DType f = compute_;
+  Acts& a = acts_;
+  std::copy(tokens, tokens + B * T, a.tokens.data<int32_t>());
+  be_.encoder_forward(a.encoded, a.tokens, params_[kWte], params_[kWpe], f);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    be_.layernorm_forward(a.ln1[l], a.ln1_mean[l], a.ln1_rstd[l], residual_in(l),
+                          params_[kLn1w][l], params_[kLn1b][l], f);
+    be_.matmul_forward(a.qkv[l], a.ln1[l], params_[kQkvw][l], params_[kQkvb][l], f);
+    attn_[l]->forward(a.atty[l], a.lse[l], a.qkv[l], cfg_.n_head, f);
+    be_.matmul_forward(a.attproj[l], a.atty[l], params_[kAttprojw][l], params_[kAttprojb][l], f);
+    be_.residual_forward(a.residual2[l], residual_in(l), a.attproj[l], f);
+    be_.layernorm_forward(a.ln2[l], a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l],
+                          params_[kLn2w][l], params_[kLn2b][l], f);
+    be_.matmul_forward(a.fch[l], a.ln2[l], params_[kFcw][l], params_[kFcb][l], f);
+    be_.gelu_forward(a.fch_gelu[l], a.fch[l], f);
+    be_.matmul_forward(a.fcproj[l], a.fch_gelu[l], params_[kFcprojw][l], params_[kFcprojb][l], f);
+    be_.residual_forward(a.residual3[l], a.residual2[l], a.fcproj[l], f);
+  }
+  be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3[cfg_.n_layer - 1],
+                        params_[kLnfw], params_[kLnfb], f);
+  be_.matmul_forward(a.logits, a.lnf, params_[kWte], Tensor(), f);
+  if (!targets) return std::numeric_limits<float>::quiet_NaN();
+  std::copy(targets, targets + B * T, a.targets.data<int32_t>());
+  be_.crossentropy_forward_backward(a.losses, Tensor(), a.logits, a.targets, cfg_.vocab_size,
+                                    0.0f, f);
+  Tensor host = Tensor::empty({B, T}, DType::F64);
+  be_.copy(host, a.losses);
+  double sum = 0;
+  for (int i = 0; i < B * T; ++i) sum += host.data<double>()[i];
+  has_targets_ = true;
+  mean_loss_ = sum / (B * T);
+  return static_cast<float>(mean_loss_);
+}
+
+void GPT2::zero_grad() { be_.zero(grads_flat_); }
+
+void GPT2::backward(int grad_accum_steps) {
+  ST_CHECK(has_targets_, "backward needs a forward with targets first");
+  ST_CHECK(grad_accum_steps > 0, "grad_accum_steps must be positive");
+  has_targets_ = false;
+  const DType f = compute_;
+  Acts& a = acts_;
+  const int B = a.B, T = a.T;
+  const float dloss = scaler_.scale() / (static_cast<float>(B) * T * grad_accum_steps);
+  // The classifier recomputes the softmax and overwrites the logits with dlogits.
+  Tensor dlogits = a.logits;
+  be_.crossentropy_forward_backward(a.losses, dlogits, a.logits, a.targets, cfg_.vocab_size,
+                                    dloss, f);
+  be_.matmul_backward(a.dbtc, grads_[kWte], Tensor(), dlogits, a.lnf, params_[kWte], f);
+  be_.zero(a.dresidual);
+  const int last = cfg_.n_layer - 1;
+  be_.layernorm_backward(a.dresidual, grads_[kLnfw], grads_[kLnfb], a.dbtc, a.residual3[last],
+                         params_[kLnfw], a.lnf_mean, a.lnf_rstd, f);
+  for (int l = last; l >= 0; --l) {
+    // a.dresidual holds d(residual3[l]) = d(fcproj[l]).
+    be_.matmul_backward(a.dbt4c, grads_[kFcprojw][l], grads_[kFcprojb][l], a.dresidual,
+                        a.fch_gelu[l], params_[kFcprojw][l], f);
+    be_.gelu_backward(a.dbt4c, a.fch[l], a.dbt4c, f);
+    be_.matmul_backward(a.dbtc, grads_[kFcw][l], grads_[kFcb][l], a.dbt4c, a.ln2[l],
+                        params_[kFcw][l], f);
+    be_.layernorm_backward(a.dresidual, grads_[kLn2w][l], grads_[kLn2b][l], a.dbtc,
+                           a.residual2[l], params_[kLn2w][l], a.ln2_mean[l], a.ln2_rstd[l], f);
+    // a.dresidual now holds d(residual2[l]) = d(attproj[l]).
+    be_.matmul_backward(a.datty, grads_[kAttprojw][l], grads_[kAttprojb][l], a.dresidual,
+                        a.atty[l], params_[kAttprojw][l], f);
+    attn_[l]->backward(a.dqkv, a.datty, a.qkv[l], a.atty[l], a.lse[l], cfg_.n_head, f);
+    be_.matmul_backward(a.dbtc, grads_[kQkvw][l], grads_[kQkvb][l], a.dqkv, a.ln1[l],
+                        params_[kQkvw][l], f);
+    be_.layernorm_backward(a.dresidual, grads_[kLn1w][l], grads_[kLn1b][l], a.dbtc,
+                           residual_in(l), params_[kLn1w][l], a.ln1_mean[l], a.ln1_rstd[l], f);
+  }
+  be_.encoder_backward(grads_[kWte], grads_[kWpe], a.dresidual, a.tokens, f);
+}
+
+StepStats GPT2::step(float lr, const OptimConfig& opt) {
+  StepStats s;
+  s.loss_scale = scaler_.scale();
+  const double ss = be_.sum_squares(grads_flat_);
+  s.grad_norm = std::sqrt(ss) / scaler_.scale();
+  s.skipped = scaler_.update(std::isfinite(ss));
+  if (s.skipped) return s;
+  // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
+  double coef = 1.0;
+  if (opt.grad_clip > 0) coef = std::min(1.0, opt.grad_clip / (s.grad_norm + 1e-6));
+  ++adam_t_;
+  AdamWArgs args;
+  args.lr = lr;
+  args.beta1 = opt.beta1;
+  args.beta2 = opt.beta2;
+  args.eps = opt.eps;
+  args.step = adam_t_;
+  args.grad_scale = static_cast<float>(coef / s.loss_scale);
+  for (int i = 0; i < kNumParams; ++i) {
+    args.weight_decay = is_decayed(i) ? opt.weight_decay : 0.0f;
+    be_.adamw_update(masters_[i], params_[i], grads_[i], ms_[i], vs_[i], args, compute_);
+  }
+  return s;
+}
+
+}  // namespace st

@@ -1,0 +1,132 @@
+// GPT-2 with an explicit forward and backward written once as backend calls.
+// Parameters live in one flat buffer in llm.c's order (weights stored (out, in)):
+//   wte (Vp,C), wpe (maxT,C), ln1w (L,C), ln1b (L,C), qkvw (L,3C,C), qkvb (L,3C),
+//   attprojw (L,C,C), attprojb (L,C), ln2w (L,C), ln2b (L,C), fcw (L,4C,C), fcb (L,4C),
+//   fcprojw (L,C,4C), fcprojb (L,C), lnfw (C), lnfb (C)
+// The LM head is tied to wte. Vocabulary rows [V, Vp) are padding: zero at init, masked
+// out of the softmax, never receiving gradient.
+//
+// Precision (compute = fp32 | bf16 | fp16 | fp64). In bf16/fp16 modes the model keeps, as a
+// GPU trainer does: parameters, activations and gradients in the low format; layernorm
+// mean/rstd, losses, attention lse and optimizer state (master weights, m, v) in FP32.
+// Rounding points are those of the backend methods (core/backend.h): every stored result.
+// fp16 uses dynamic loss scaling (optim/loss_scaler.h). fp64 is a reference mode (CPU only).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/attention.h"
+#include "core/backend.h"
+#include "core/rng.h"
+#include "optim/loss_scaler.h"
+
+namespace st {
+
+struct GPT2Config {
+  int max_seq_len = 1024;
+  int vocab_size = 50257;
+  int padded_vocab_size = 0;  // 0: round vocab_size up to a multiple of 128
+  int n_layer = 12;
+  int n_head = 12;
+  int n_embd = 768;
+  void validate() const;  // throws naming the bad field
+  int vp() const;         // padded vocabulary
+};
+
+enum ParamId {
+  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
+  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kNumParams
+};
+const char* param_name(int id);
+std::array<Shape, kNumParams> param_shapes(const GPT2Config& c);
+int64_t num_parameters(const GPT2Config& c);  // padded vocabulary included
+
+struct OptimConfig {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.0f;  // applied to 2-D weights only (wte, wpe, qkvw, ...)
+  float grad_clip = 1.0f;     // global-norm clip; <= 0 disables
+};
+
+struct StepStats {
+  double grad_norm = 0.0;  // unscaled, before clipping
+  bool skipped = false;    // fp16 overflow: update skipped, scale halved
+  float loss_scale = 1.0f;
+};
+
+class GPT2 {
+ public:
+  GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
+       const AttentionConfig& attn = AttentionConfig{}, const LossScalerConfig& ls = {});
+  const GPT2Config& config() const { return cfg_; }
+  DType compute() const { return compute_; }
+  Backend& backend() { return be_; }
+  int64_t num_params() const { return nparams_; }
+
+  // GPT-2 initialisation: N(0, 0.02); attproj and fcproj N(0, 0.02/sqrt(2L)); biases 0;
+  // layernorm weights 1; padded vocabulary rows 0. Drawn in FP64 from Rng(seed).
+  void init_weights(uint64_t seed);
+  // Master weights from / to a host FP32 flat array of num_params() values (llm.c order).
+  void set_master_fp32(const std::vector<float>& flat);
+  std::vector<float> master_fp32() const;
+
+  // tokens, targets: host int32 (B*T). Returns the mean loss (targets given) or NaN;
+  // mean_loss() keeps it in FP64 (summed in order over positions).
+  // Activations are (re)allocated when B or T change; T <= max_seq_len.
+  float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+  double mean_loss() const { return mean_loss_; }
+  void zero_grad();
+  // Backward of the last forward. grad_accum_steps divides the loss so that micro-steps
+  // accumulate the mean gradient; the loss scale (fp16) multiplies it.
+  void backward(int grad_accum_steps = 1);
+  // Clip, AdamW with lr, zero nothing (call zero_grad before the next accumulation).
+  StepStats step(float lr, const OptimConfig& opt);
+
+  // Views for tests and tools (storage dtype of the backend).
+  Tensor param(int id) const { return params_[id]; }
+  Tensor grad(int id) const { return grads_[id]; }
+  const Tensor& logits() const { return acts_.logits; }  // (B,T,Vp) after forward
+  const Tensor& losses() const { return acts_.losses; }  // (B,T)
+  int adam_step() const { return adam_t_; }
+  LossScaler& loss_scaler() { return scaler_; }
+  // Optimizer state, for checkpoints: master (FP32), m, v flat views.
+  Tensor master_flat() const { return master_; }
+  Tensor m_flat() const { return m_; }
+  Tensor v_flat() const { return v_; }
+  void set_adam_step(int t) { adam_t_ = t; }
+  // Copies master weights into the compute parameters (rounding to the compute format).
+  void sync_params_from_master();
+
+ private:
+  struct Acts {
+    int B = 0, T = 0;
+    Tensor tokens, targets;  // host int32 (B,T)
+    Tensor encoded;          // (B,T,C)
+    // per layer, stacked on axis 0
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, lse, attproj, residual2, ln2, ln2_mean,
+        ln2_rstd, fch, fch_gelu, fcproj, residual3;
+    Tensor lnf, lnf_mean, lnf_rstd, logits, losses;
+    // backward scratch
+    Tensor dresidual, dbtc, dbt4c, dqkv, datty;
+  };
+  void ensure_acts(int B, int T);
+  Tensor residual_in(int layer) const;
+
+  GPT2Config cfg_;
+  Backend& be_;
+  DType compute_, storage_, stat_;
+  std::vector<std::unique_ptr<Attention>> attn_;  // one per layer
+  int64_t nparams_ = 0;
+  std::array<int64_t, kNumParams> offsets_{};
+  Tensor params_flat_, grads_flat_, master_, m_, v_;
+  std::array<Tensor, kNumParams> params_, grads_, masters_, ms_, vs_;
+  Acts acts_;
+  LossScaler scaler_;
+  int adam_t_ = 0;
+  bool has_targets_ = false;
+  double mean_loss_ = 0.0;  // the last forward computed losses for backward
+};
+
+}  // namespace st
