@@ -182,6 +182,9 @@ float GPT2::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
   ensure_acts(B, T);
   const DType f = compute_;
   Acts& a = acts_;
+  for (int i = 0; i < B * T; ++i)
+    ST_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, "token id ", tokens[i],
+             " at position ", i, " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
   std::copy(tokens, tokens + B * T, a.tokens.data<int32_t>());
   be_.encoder_forward(a.encoded, a.tokens, params_[kWte], params_[kWpe], f);
   for (int l = 0; l < cfg_.n_layer; ++l) {

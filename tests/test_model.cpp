@@ -1,0 +1,199 @@
+// Model-level behaviour: gradient accumulation, bit-for-bit determinism, FP16 dynamic loss
+// scaling, the learning-rate schedule, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/backend.h"
+#include "model/gpt2.h"
+#include "optim/schedule.h"
+
+using namespace st;
+
+namespace {
+
+GPT2Config tiny() {
+  GPT2Config c;
+  c.vocab_size = 61;
+  c.max_seq_len = 16;
+  c.n_layer = 2;
+  c.n_head = 3;
+  c.n_embd = 24;
+  return c;
+}
+
+void batch(std::vector<int32_t>& tok, std::vector<int32_t>& tgt, int n, int V, uint64_t seed) {
+  Rng r(seed);
+  tok.resize(n);
+  tgt.resize(n);
+  for (int i = 0; i < n; ++i) {
+    tok[i] = static_cast<int32_t>(r.below(V));
+    tgt[i] = static_cast<int32_t>(r.below(V));
+  }
+}
+
+std::vector<double> flat_grads(GPT2& m) {
+  std::vector<double> out;
+  for (int id = 0; id < kNumParams; ++id) {
+    Tensor g = m.grad(id);
+    for (int64_t i = 0; i < g.numel(); ++i)
+      out.push_back(g.dtype() == DType::F64 ? g.data<double>()[i] : g.data<float>()[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Model, GradAccumulationEqualsFullBatch) {
+  auto be = make_cpu_backend();
+  const GPT2Config cfg = tiny();
+  const int B = 4, T = 9;
+  std::vector<int32_t> tok, tgt;
+  batch(tok, tgt, B * T, cfg.vocab_size, 5);
+
+  GPT2 full(cfg, *be, DType::F64);
+  full.init_weights(11);
+  full.zero_grad();
+  full.forward(tok.data(), tgt.data(), B, T);
+  full.backward(1);
+
+  GPT2 acc(cfg, *be, DType::F64);
+  acc.init_weights(11);
+  acc.zero_grad();
+  for (int half = 0; half < 2; ++half) {
+    acc.forward(tok.data() + half * (B / 2) * T, tgt.data() + half * (B / 2) * T, B / 2, T);
+    acc.backward(2);
+  }
+  const auto a = flat_grads(full), b = flat_grads(acc);
+  ASSERT_EQ(a.size(), b.size());
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_err = std::max(max_err, std::fabs(a[i] - b[i]));
+    max_ref = std::max(max_ref, std::fabs(a[i]));
+  }
+  EXPECT_GT(max_ref, 1e-3);
+  EXPECT_LT(max_err, 1e-13 * std::max(1.0, max_ref)) << "accumulated gradients differ";
+}
+
+TEST(Model, TrainingIsBitForBitDeterministic) {
+  for (DType prec : {DType::F32, DType::BF16}) {
+    std::vector<float> losses[2];
+    std::vector<float> weights[2];
+    for (int run = 0; run < 2; ++run) {
+      auto be = make_cpu_backend();
+      GPT2 m(tiny(), *be, prec);
+      m.init_weights(3);
+      std::vector<int32_t> tok, tgt;
+      OptimConfig opt;
+      opt.weight_decay = 0.1f;
+      batch(tok, tgt, 2 * 11, 61, 100);  // one batch, so the loss must fall
+      for (int s = 0; s < 4; ++s) {
+        m.zero_grad();
+        losses[run].push_back(m.forward(tok.data(), tgt.data(), 2, 11));
+        m.backward();
+        m.step(1e-2f, opt);
+      }
+      weights[run] = m.master_fp32();
+    }
+    EXPECT_EQ(0, std::memcmp(losses[0].data(), losses[1].data(), 4 * sizeof(float)))
+        << dtype_name(prec);
+    ASSERT_EQ(weights[0].size(), weights[1].size());
+    EXPECT_EQ(0, std::memcmp(weights[0].data(), weights[1].data(), weights[0].size() * 4))
+        << dtype_name(prec);
+    EXPECT_LT(losses[0][3], losses[0][0]) << "loss did not fall on repeated steps";
+  }
+}
+
+TEST(Model, Bf16ModeKeepsParamsRoundedAndMasterFp32) {
+  auto be = make_cpu_backend();
+  GPT2 m(tiny(), *be, DType::BF16);
+  m.init_weights(9);
+  std::vector<int32_t> tok, tgt;
+  batch(tok, tgt, 2 * 8, 61, 1);
+  m.zero_grad();
+  m.forward(tok.data(), tgt.data(), 2, 8);
+  m.backward();
+  m.step(1e-3f, OptimConfig{});
+  int not_bf16 = 0, master_finer = 0;
+  const std::vector<float> master = m.master_fp32();
+  int64_t k = 0;
+  for (int id = 0; id < kNumParams; ++id) {
+    const Tensor p = m.param(id), g = m.grad(id);
+    for (int64_t i = 0; i < p.numel(); ++i, ++k) {
+      const float v = p.data<float>()[i];
+      not_bf16 += round_bf16(v) != v || round_bf16(g.data<float>()[i]) != g.data<float>()[i];
+      EXPECT_EQ(v, round_bf16(master[k]));
+      master_finer += master[k] != v;
+    }
+  }
+  EXPECT_EQ(not_bf16, 0) << "parameters or gradients hold values that are not BF16";
+  EXPECT_GT(master_finer, m.num_params() / 2) << "master weights lost their FP32 bits";
+}
+
+TEST(Model, Fp16OverflowSkipsStepAndHalvesScale) {
+  auto be = make_cpu_backend();
+  LossScalerConfig ls;
+  ls.init_scale = 16777216.0f;  // 2^24: dlogits of order 2^24 / (B*T) overflow FP16's 65504
+  ls.growth_interval = 2;
+  GPT2 m(tiny(), *be, DType::F16, AttentionConfig{}, ls);
+  m.init_weights(4);
+  const std::vector<float> before = m.master_fp32();
+  std::vector<int32_t> tok, tgt;
+  batch(tok, tgt, 2 * 8, 61, 2);
+  m.zero_grad();
+  m.forward(tok.data(), tgt.data(), 2, 8);
+  m.backward();
+  StepStats s = m.step(1e-3f, OptimConfig{});
+  EXPECT_TRUE(s.skipped);
+  EXPECT_EQ(m.loss_scaler().scale(), 8388608.0f);
+  EXPECT_EQ(m.adam_step(), 0);
+  EXPECT_EQ(before, m.master_fp32()) << "a skipped step changed the weights";
+  // Keep going: the scale falls until gradients fit, then steps are taken.
+  int taken = 0;
+  for (int i = 0; i < 20 && taken < 3; ++i) {
+    m.zero_grad();
+    m.forward(tok.data(), tgt.data(), 2, 8);
+    m.backward();
+    s = m.step(1e-3f, OptimConfig{});
+    taken += !s.skipped;
+    if (!s.skipped) EXPECT_TRUE(std::isfinite(s.grad_norm));
+  }
+  EXPECT_EQ(taken, 3);
+  EXPECT_LT(m.loss_scaler().scale(), 8388608.0f);
+  // growth_interval = 2: after two clean steps the scale doubled once.
+  EXPECT_NE(before, m.master_fp32());
+}
+
+TEST(Model, RejectsBadInput) {
+  auto be = make_cpu_backend();
+  GPT2Config bad = tiny();
+  bad.n_embd = 25;  // not a multiple of n_head = 3
+  EXPECT_THROW(GPT2(bad, *be, DType::F32), Error);
+  GPT2 m(tiny(), *be, DType::F32);
+  m.init_weights(1);
+  std::vector<int32_t> tok(8, 3), tgt(8, 3);
+  tok[5] = 61;  // outside the vocabulary
+  EXPECT_THROW(m.forward(tok.data(), tgt.data(), 1, 8), Error);
+  tok[5] = 3;
+  tgt[2] = -1;
+  EXPECT_THROW(m.forward(tok.data(), tgt.data(), 1, 8), Error);
+  std::vector<int32_t> longer(17, 1);
+  EXPECT_THROW(m.forward(longer.data(), longer.data(), 1, 17), Error);  // > max_seq_len
+  EXPECT_THROW(m.backward(), Error);  // no successful forward with targets
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  LrSchedule s;
+  s.lr = 1e-3f;
+  s.min_lr = 1e-5f;
+  s.warmup_steps = 10;
+  s.max_steps = 110;
+  EXPECT_FLOAT_EQ(s.at(0), 1e-4f);
+  EXPECT_FLOAT_EQ(s.at(9), 1e-3f);
+  EXPECT_FLOAT_EQ(s.at(10), 1e-3f);
+  EXPECT_NEAR(s.at(60), 0.5 * (1e-3 + 1e-5), 1e-9);  // half-way through the cosine
+  EXPECT_FLOAT_EQ(s.at(110), 1e-5f);
+  EXPECT_FLOAT_EQ(s.at(500), 1e-5f);
+  for (int i = 11; i < 110; ++i) EXPECT_LE(s.at(i), s.at(i - 1));
+}

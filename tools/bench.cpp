@@ -1,0 +1,174 @@
+// bench: speed of one training step (forward, backward, AdamW) of GPT-2 shapes on the CPU.
+//   bench step [--precision fp32,bf16] [--B 4] [--T 64] [--steps 5] [--layers 12 ...]
+// Each precision runs in its own child process so that its peak memory is its own.
+// Prints: measured time, the comparison figure, and their ratio.
+#include <CLI/CLI.hpp>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/timing_backend.h"
+#include "model/gpt2.h"
+
+using namespace st;
+
+namespace {
+
+struct StepResult {
+  double median_s = 0, min_s = 0;
+  static constexpr int kMaxFamilies = 16;
+  char family[kMaxFamilies][16] = {};
+  double family_s[kMaxFamilies] = {};  // seconds per timed step
+  double peak_mib = 0;
+  float first_loss = 0, last_loss = 0;
+};
+
+StepResult run_steps(const GPT2Config& cfg, DType prec, int B, int T, int steps, int threads) {
+  auto cpu = make_cpu_backend(threads);
+  TimingBackend tb(*cpu);
+  GPT2 model(cfg, tb, prec);
+  model.init_weights(1337);
+  Rng rng(1);
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  OptimConfig opt;
+  opt.weight_decay = 0.1f;
+  std::vector<double> times;
+  StepResult r;
+  for (int s = 0; s <= steps; ++s) {  // step 0 is the warm-up (allocations, page faults)
+    for (int i = 0; i < B * T; ++i) {
+      tok[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
+      tgt[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    model.zero_grad();
+    const float loss = model.forward(tok.data(), tgt.data(), B, T);
+    model.backward();
+    model.step(3e-4f, opt);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (s == 0) {
+      r.first_loss = loss;
+      tb.reset();
+    }
+    r.last_loss = loss;
+    if (s > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  r.median_s = times[times.size() / 2];
+  r.min_s = times.front();
+  int k = 0;
+  for (const auto& [name, e] : tb.totals()) {
+    if (k == StepResult::kMaxFamilies) break;
+    std::snprintf(r.family[k], sizeof r.family[k], "%s", name.c_str());
+    r.family_s[k++] = e.seconds / steps;
+  }
+  return r;
+}
+
+// Runs one precision in a forked child; the child's peak RSS comes from wait4.
+StepResult measure_in_child(const GPT2Config& cfg, DType prec, int B, int T, int steps,
+                            int threads) {
+  int fd[2];
+  ST_CHECK(pipe(fd) == 0, "pipe failed");
+  const pid_t pid = fork();
+  ST_CHECK(pid >= 0, "fork failed");
+  if (pid == 0) {
+    close(fd[0]);
+    StepResult r{};
+    try {
+      r = run_steps(cfg, prec, B, T, steps, threads);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench: %s\n", e.what());
+      _exit(1);
+    }
+    const ssize_t n = write(fd[1], &r, sizeof r);
+    _exit(n == static_cast<ssize_t>(sizeof r) ? 0 : 1);
+  }
+  close(fd[1]);
+  StepResult r{};
+  const ssize_t n = read(fd[0], &r, sizeof r);
+  close(fd[0]);
+  int status = 0;
+  struct rusage ru {};
+  wait4(pid, &status, 0, &ru);
+  ST_CHECK(n == static_cast<ssize_t>(sizeof r) && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+           "benchmark child for ", dtype_name(prec), " failed");
+  r.peak_mib = ru.ru_maxrss / 1024.0;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"stabletrain benchmarks"};
+  app.require_subcommand(1);
+  auto* step = app.add_subcommand("step", "one CPU training step of GPT-2 shapes");
+  std::string precisions = "fp32,bf16";
+  int B = 4, T = 64, steps = 5, threads = 0;
+  GPT2Config cfg;  // 124M shapes by default
+  double ref_llmc = 5.9, ref_torch = 3.9, target = 2.9;
+  step->add_option("--precision", precisions, "comma-separated: fp32,bf16,fp16,fp64");
+  step->add_option("--B", B, "micro-batch size");
+  step->add_option("--T", T, "sequence length");
+  step->add_option("--steps", steps, "timed steps (after one warm-up)")->check(CLI::PositiveNumber);
+  step->add_option("--threads", threads, "threads (0: OpenMP default)");
+  step->add_option("--layers", cfg.n_layer, "n_layer");
+  step->add_option("--heads", cfg.n_head, "n_head");
+  step->add_option("--embd", cfg.n_embd, "n_embd");
+  step->add_option("--ref-llmc", ref_llmc, "llm.c CPU s/step measured on this machine");
+  step->add_option("--ref-torch", ref_torch, "PyTorch CPU s/step measured on this machine");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    std::vector<std::pair<DType, StepResult>> results;
+    std::stringstream ss(precisions);
+    std::string p;
+    while (std::getline(ss, p, ',')) {
+      const DType d = parse_dtype(p);
+      std::fprintf(stderr, "measuring %s ...\n", dtype_name(d));
+      results.emplace_back(d, measure_in_child(cfg, d, B, T, steps, threads));
+    }
+    std::printf("GPT-2 L=%d H=%d C=%d (%.1fM params), B=%d T=%d, %d timed steps, median\n",
+                cfg.n_layer, cfg.n_head, cfg.n_embd, num_parameters(cfg) / 1e6, B, T, steps);
+    std::printf("%-26s %10s %12s %8s %10s %12s\n", "measurement", "s/step", "comparison",
+                "ratio", "peak MiB", "loss0->last");
+    double fp32 = 0;
+    for (auto& [d, r] : results)
+      if (d == DType::F32) fp32 = r.median_s;
+    for (auto& [d, r] : results) {
+      const std::string name = std::string("step ") + dtype_name(d);
+      auto row = [&](const char* cmp, double ref) {
+        std::printf("%-26s %10.3f %12s %8.2f %10.0f %6.3f->%.3f\n", name.c_str(), r.median_s,
+                    cmp, r.median_s / ref, r.peak_mib, r.first_loss, r.last_loss);
+      };
+      if (d == DType::F32) {
+        row("target 2.9", target);
+        row("llm.c 5.9", ref_llmc);
+        row("torch 3.9", ref_torch);
+      } else if (fp32 > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "fp32 %.3f", fp32);
+        row(buf, fp32);
+      } else {
+        row("-", r.median_s);
+      }
+    }
+    std::printf("\nper kernel family, s/step:");
+    for (auto& [d, r] : results) std::printf(" %10s", dtype_name(d));
+    std::printf("\n");
+    for (int k = 0; k < StepResult::kMaxFamilies && results[0].second.family[k][0]; ++k) {
+      std::printf("  %-24s", results[0].second.family[k]);
+      for (auto& [d, r] : results) std::printf(" %10.3f", r.family_s[k]);
+      std::printf("\n");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
