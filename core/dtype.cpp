@@ -73,7 +73,7 @@ float fp16_bits_to_float(uint16_t h) {
 void round_inplace(DType t, float* x, size_t n) {
   if (t == DType::F32 || t == DType::F64) return;
   if (t == DType::BF16) {
-#pragma omp parallel for simd schedule(static) if (n > (1u << 16))
+#pragma omp parallel for simd schedule(static) if (parallel : n > (1u << 16))
     for (size_t i = 0; i < n; ++i) {
       uint32_t u;
       std::memcpy(&u, &x[i], 4);
@@ -107,11 +107,11 @@ void round_inplace(DType t, float* x, size_t n) {
 void round_inplace(DType, double*, size_t) {}
 
 void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n > (1u << 16))
+#pragma omp parallel for simd schedule(static) if (parallel : n > (1u << 16))
   for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16_bits(src[i]);
 }
 void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n > (1u << 16))
+#pragma omp parallel for simd schedule(static) if (parallel : n > (1u << 16))
   for (size_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(src[i]);
 }
 void convert_f32_to_fp16(const float* src, uint16_t* dst, size_t n) {
