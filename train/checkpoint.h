@@ -1,0 +1,52 @@
+// Checkpoints: the full training state, written atomically (temporary file in the same
+// directory, fsync, rename, fsync of the directory) so a crash never leaves a half file
+// under the final name. Versioned binary format with a SHA-256 over the whole payload;
+// reading refuses a wrong magic, an unknown version, a truncated file or a checksum
+// mismatch with an error naming the file. The file format is documented at the top of
+// checkpoint.cpp.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace st {
+
+inline constexpr char kCheckpointMagic[9] = "STCKPT01";  // first 8 bytes of every file
+inline constexpr uint32_t kCheckpointVersion = 1;        // the only version this build reads
+
+struct CheckpointState {
+  // Identity of the run, checked on resume.
+  std::string config_yaml;  // resolved config the run was started with
+  int64_t step = 0;         // optimizer steps completed
+  int64_t adam_step = 0;
+  // Model shape and precision (for a clear error when they do not match on resume).
+  int32_t n_layer = 0, n_head = 0, n_embd = 0, max_seq_len = 0, vocab_size = 0,
+          padded_vocab_size = 0;
+  std::string compute;  // precision.compute
+  // Optimizer state: FP32 (FP64 in the fp64 reference mode: stored as raw bytes with the
+  // element size recorded).
+  int32_t master_elem_bytes = 4;
+  // Raw little-endian arrays of num_params elements: equal sizes, a multiple of
+  // master_elem_bytes (4 or 8). save and load both refuse anything else.
+  std::vector<uint8_t> master, m, v;
+  // Loss scaler.
+  float loss_scale = 1.0f;
+  int32_t loss_scale_good_steps = 0;
+  // RNG and data position: opaque byte blobs owned by their modules.
+  std::vector<uint8_t> rng_state;
+  std::vector<uint8_t> data_state;
+  // Wall time so far (so elapsed keeps counting across resumes).
+  double elapsed_s = 0.0;
+};
+
+// Writes atomically to `path`; returns the hex SHA-256 of the master weights bytes. On
+// failure throws st::Error and leaves any existing file at `path` untouched.
+std::string save_checkpoint(const std::string& path, const CheckpointState& s);
+// Throws st::Error naming `path` on any defect (missing, truncated, wrong magic, unknown
+// version, checksum mismatch, bad records); never returns altered data.
+CheckpointState load_checkpoint(const std::string& path);
+// SHA-256 of a byte range, lowercase hex.
+std::string sha256_hex(const void* data, size_t n);
+
+}  // namespace st
