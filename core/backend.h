@@ -94,6 +94,7 @@ std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 // Throws a clear error in a build without CUDA or on a machine without a GPU.
 std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
 bool cuda_available();  // built with CUDA and a device is present
-std::unique_ptr<Backend> make_backend(const std::string& device);  // auto | cpu | cuda
+// device: auto | cpu | cuda; threads applies to the CPU backend (0: OpenMP default).
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads = 0);
 
 }  // namespace st

@@ -93,6 +93,8 @@ struct dtype_of<uint16_t> {  // bf16 or fp16 bits; checked by storage size only
 template <class T>
 T* Tensor::data() const {
   ST_CHECK(defined(), "undefined tensor");
+  ST_CHECK(device() == Device::CPU, "typed host access to device tensor ", desc(),
+           " (use raw() for device pointers)");
   if constexpr (std::is_same_v<T, uint16_t>) {
     ST_CHECK(dtype_ == DType::BF16 || dtype_ == DType::F16, "tensor ", desc(),
              " accessed as 16-bit");
