@@ -157,7 +157,9 @@ TEST(Model, Fp16OverflowSkipsStepAndHalvesScale) {
     m.backward();
     s = m.step(1e-3f, OptimConfig{});
     taken += !s.skipped;
-    if (!s.skipped) EXPECT_TRUE(std::isfinite(s.grad_norm));
+    if (!s.skipped) {
+      EXPECT_TRUE(std::isfinite(s.grad_norm));
+    }
   }
   EXPECT_EQ(taken, 3);
   EXPECT_LT(m.loss_scaler().scale(), 8388608.0f);

@@ -1,0 +1,40 @@
+// Deterministic batch loader. The token array is cut into windows of T+1 tokens starting
+// at multiples of T; each epoch visits every window once in an order that is a permutation
+// drawn from (seed, epoch). Rank r of `world` takes windows r, r+world, ... of that order.
+// The position (epoch, index) is the whole state: it goes into checkpoints, so a resumed
+// run sees exactly the batches an uninterrupted run would.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace st {
+
+class DataLoader {
+ public:
+  // shuffle = false serves windows in order (evaluation).
+  DataLoader(const std::vector<int32_t>& tokens, int B, int T, uint64_t seed, bool shuffle,
+             int rank = 0, int world = 1);
+  // Fills inputs and targets, B*T each (targets are inputs shifted by one).
+  void next(int32_t* inputs, int32_t* targets);
+  void reset();  // back to epoch 0, window 0
+  int64_t windows_per_epoch() const { return static_cast<int64_t>(order_.size()); }
+
+  struct State {
+    int64_t epoch = 0;
+    int64_t index = 0;  // next window within this rank's share of the epoch
+  };
+  State state() const { return {epoch_, index_}; }
+  void set_state(const State& s);
+
+ private:
+  void build_order();
+  const std::vector<int32_t>& tokens_;
+  int B_, T_;
+  uint64_t seed_;
+  bool shuffle_;
+  int rank_, world_;
+  std::vector<int64_t> order_;  // this rank's window starts for the current epoch
+  int64_t epoch_ = 0, index_ = 0;
+};
+
+}  // namespace st

@@ -1,0 +1,497 @@
+// Config schema and YAML I/O. Every key is declared once in kSchema (type, range,
+// description, accessor into Config); parsing, --set overrides, validation, config_to_yaml
+// and config_help all walk that table, so adding a key is one struct field plus one line.
+// Defaults are not repeated here: they come from the struct initialisers in config.h.
+#include "train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <variant>
+
+#include "core/error.h"
+
+namespace st {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The field a key lives in; the alternative is the key's type (an enum is a string with
+// choices).
+using Ref = std::variant<int*, uint64_t*, double*, std::string*>;
+
+struct Bounds {
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+};
+// clang-format off
+constexpr Bounds any() { return {}; }
+constexpr Bounds closed(double lo, double hi) { return {lo, hi, false, false}; }       // [lo, hi]
+constexpr Bounds at_least(double lo) { return {lo, kInf, false, false}; }              // [lo, inf)
+constexpr Bounds open_closed(double lo, double hi) { return {lo, hi, true, false}; }   // (lo, hi]
+constexpr Bounds closed_open(double lo, double hi) { return {lo, hi, false, true}; }   // [lo, hi)
+constexpr Bounds open(double lo, double hi) { return {lo, hi, true, true}; }           // (lo, hi)
+// clang-format on
+
+struct Key {
+  const char* name;               // "section.key", or a bare name for a top-level key
+  Ref (*ref)(Config&);            // the field in a Config
+  Bounds bounds;                  // numbers only
+  const char* desc;               // one line: also the comment in config_to_yaml
+  const char* choices = nullptr;  // enums: "a|b|c"
+};
+
+// clang-format off
+#define ST_KEY(sec, key) #sec "." #key, [](Config& c) -> Ref { return &c.sec.key; }
+// clang-format on
+
+// Order here is the order of config_to_yaml and config_help. Top-level keys come first.
+const Key kSchema[] = {
+    {"device", [](Config& c) -> Ref { return &c.device; }, any(),
+     "where to run; auto: cuda when a GPU is there, else cpu", "auto|cpu|cuda"},
+
+    {ST_KEY(run, name), any(), "run name, shown in logs"},
+    {ST_KEY(run, out_dir), any(), "run directory: resolved config, logs, checkpoints"},
+    {ST_KEY(run, seed), any(), "seed for initialisation, data order and sampling"},
+    {ST_KEY(run, threads), closed(0, 1024), "CPU threads; 0: all cores"},
+
+    {ST_KEY(model, n_layer), closed(1, 96), "transformer blocks"},
+    {ST_KEY(model, n_head), closed(1, 64), "attention heads; must divide n_embd"},
+    {ST_KEY(model, n_embd), closed(1, 8192), "residual stream width C"},
+    {ST_KEY(model, max_seq_len), closed(1, 65536), "rows of the position embedding"},
+    {ST_KEY(model, vocab_size), closed(1, 1000000), "vocabulary: 256 byte, 50257 gpt2"},
+    {ST_KEY(model, init_from), any(), "checkpoint with initial weights; empty: from run.seed"},
+
+    {ST_KEY(data, train_path), any(), "training text file"},
+    {ST_KEY(data, val_path), any(), "validation text; empty: end of train_path"},
+    {ST_KEY(data, tokenizer), any(), "byte-level or GPT-2 BPE tokenizer", "byte|gpt2"},
+    {ST_KEY(data, val_fraction), open_closed(0, 0.5), "held-out share when val_path is empty"},
+
+    {ST_KEY(train, max_steps), closed(1, 1e9), "optimizer steps"},
+    {ST_KEY(train, batch_size), closed(1, 4096), "micro-batch size B"},
+    {ST_KEY(train, seq_len), closed(1, 65536), "tokens per sequence T; at most model.max_seq_len"},
+    {ST_KEY(train, grad_accum_steps), closed(1, 4096), "micro-batches per optimizer step"},
+    {ST_KEY(train, lr), open_closed(0, 10), "peak learning rate, after warmup"},
+    {ST_KEY(train, min_lr), closed(0, 10), "learning rate at the end of the decay; <= lr"},
+    {ST_KEY(train, warmup_steps), at_least(0), "linear warmup steps"},
+    {ST_KEY(train, beta1), closed_open(0, 1), "AdamW first-moment decay"},
+    {ST_KEY(train, beta2), closed_open(0, 1), "AdamW second-moment decay"},
+    {ST_KEY(train, eps), open(0, 1), "AdamW epsilon"},
+    {ST_KEY(train, weight_decay), closed(0, 10), "AdamW decoupled weight decay"},
+    {ST_KEY(train, grad_clip), at_least(0), "global gradient-norm clip; 0: off"},
+    {ST_KEY(train, ckpt_every), at_least(0), "checkpoint every N steps; 0: at the end"},
+    {ST_KEY(train, keep_checkpoints), at_least(0), "newest N kept; 0: keep all"},
+    {ST_KEY(train, eval_every), at_least(0), "validation loss every N steps; 0: at the end"},
+    {ST_KEY(train, eval_batches), at_least(1), "micro-batches per validation loss"},
+    {ST_KEY(train, log_every), at_least(1), "console progress line every N steps"},
+    {ST_KEY(train, sample_tokens), at_least(0), "tokens sampled at the end of the run; 0: none"},
+
+    {ST_KEY(precision, compute), any(), "compute precision; fp64: reference",
+     "fp32|bf16|fp16|fp64"},
+    {ST_KEY(precision, loss_scale_init), open_closed(0, 16777216), "initial loss scale (fp16)"},
+    {ST_KEY(precision, loss_scale_growth_interval), at_least(1),
+     "clean steps before the loss scale doubles (fp16 only)"},
+
+    {ST_KEY(attention, backend), any(), "implementation", "baseline|flash|stabilized_flash"},
+
+    {ST_KEY(hooks, every), at_least(0), "stability hooks every N steps; 0: off"},
+};
+#undef ST_KEY
+
+const char* const kSections[] = {"run",       "model",     "data", "train",
+                                 "precision", "attention", "hooks"};
+
+std::string section_of(const Key& k) {
+  const char* dot = std::strchr(k.name, '.');
+  return dot ? std::string(k.name, dot) : std::string();
+}
+std::string leaf_of(const Key& k) {
+  const char* dot = std::strchr(k.name, '.');
+  return dot ? dot + 1 : k.name;
+}
+bool is_section(const std::string& s) {
+  return std::find(std::begin(kSections), std::end(kSections), s) != std::end(kSections);
+}
+const Key* find_key(const std::string& name) {
+  for (const Key& k : kSchema)
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+// Optimal string alignment distance: insertions, deletions, substitutions and swaps of
+// neighbours, the usual typos.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// " (did you mean 'x'?)" for the closest of `candidates`, or "" when none is close.
+std::string closest(const std::string& name, const std::vector<std::string>& candidates) {
+  const size_t limit = std::max<size_t>(1, name.size() / 4);  // 'fp8' is no typo of 'fp32'
+  std::string best;
+  size_t best_d = limit + 1;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(name, c);
+    if (c != name && d < best_d) best = c, best_d = d;
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+// Suggestion for an unknown key or section: a near spelling, else a key of the same name
+// in another section (`train.n_layer` -> `model.n_layer`, top-level `lr` -> `train.lr`).
+std::string did_you_mean(const std::string& name) {
+  std::vector<std::string> names;
+  for (const Key& k : kSchema) names.push_back(k.name);
+  names.insert(names.end(), std::begin(kSections), std::end(kSections));
+  std::string hint = closest(name, names);
+  if (!hint.empty()) return hint;
+  for (const Key& k : kSchema)
+    if (section_of(k) == name)
+      return " (a section: name one of its keys, e.g. '" + std::string(k.name) + "')";
+  const std::string leaf = name.substr(name.find('.') + 1);
+  for (const Key& k : kSchema)
+    if (leaf == leaf_of(k) && name != k.name)
+      return " (did you mean '" + std::string(k.name) + "'?)";
+  return "";
+}
+
+// Shortest text that parses back to exactly `v` (std::to_chars round-trip guarantee).
+std::string shortest(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// A string as a YAML scalar: plain when safe; double-quoted where YAML needs it or where a
+// YAML 1.1 reader (PyYAML) would take it for a boolean, null or number.
+std::string yaml_string(const std::string& s) {
+  static const std::set<std::string> words = {"y",   "n",    "yes", "no",   "true", "false", "on",
+                                              "off", "null", "~",   ".inf", ".nan", "-.inf"};
+  std::string lower = s;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-' || s[0] == '.')) ? 1 : 0;
+  const bool number_like = i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]));
+  YAML::Emitter e;
+  if (words.count(lower) || number_like) e << YAML::DoubleQuoted;
+  e << s;
+  return e.c_str();
+}
+
+std::string yaml_value(const Key& k, Config& c) {
+  const Ref r = k.ref(c);
+  if (auto p = std::get_if<int*>(&r)) return std::to_string(**p);
+  if (auto p = std::get_if<uint64_t*>(&r)) return std::to_string(**p);
+  if (auto p = std::get_if<double*>(&r)) {  // ".0": integral values still read as floats
+    const std::string s = shortest(**p);
+    return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;
+  }
+  return yaml_string(*std::get<std::string*>(r));
+}
+
+// A key's type: the index of its Ref alternative (0 int, 1 uint64, 2 double, 3 string).
+size_t type_of(const Key& k) {
+  static Config probe;
+  return k.ref(probe).index();
+}
+
+// A YAML value or --set text, as the typed parsers see it.
+struct Raw {
+  std::string text;
+  const char* shape = nullptr;  // "a sequence" / "a mapping" when not a scalar
+};
+
+Raw raw_of(const YAML::Node& n) {
+  if (n.IsSequence()) return {"", "a sequence"};
+  if (n.IsMap()) return {"", "a mapping"};
+  return {n.IsNull() ? "" : n.Scalar()};  // null: `key:` with nothing, or `~`
+}
+
+std::string describe(const Raw& r) {
+  if (r.shape) return r.shape;
+  if (r.text.empty()) return "an empty value";
+  return "'" + r.text + "'";
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// Bounds as prose for errors ("between 1 and 96", "> 0 and <= 10") or as an interval for
+// help ("[1, 96]", "(0, 10]"); one-sided bounds read ">= 0" either way.
+std::string bounds_text(const Bounds& b, bool integral, bool prose) {
+  auto num = [&](double v) { return integral ? std::to_string((long long)v) : shortest(v); };
+  const bool has_lo = b.lo > -kInf, has_hi = b.hi < kInf;
+  if (!has_lo && !has_hi) return "any";
+  if (has_lo && has_hi && !prose)
+    return (b.lo_open ? "(" : "[") + num(b.lo) + ", " + num(b.hi) + (b.hi_open ? ")" : "]");
+  if (has_lo && has_hi && !b.lo_open && !b.hi_open)
+    return "between " + num(b.lo) + " and " + num(b.hi);
+  std::string s;
+  if (has_lo) s = (b.lo_open ? "> " : ">= ") + num(b.lo);
+  if (has_lo && has_hi) s += " and ";
+  if (has_hi) s += (b.hi_open ? "< " : "<= ") + num(b.hi);
+  return s;
+}
+
+void check_range(const Key& k, double v, const std::string& shown, const std::string& where) {
+  Bounds b = k.bounds;  // narrowed to what an int field can hold
+  if (type_of(k) == 0)
+    b.lo = std::max(b.lo, double(INT_MIN)), b.hi = std::min(b.hi, double(INT_MAX));
+  if (!((b.lo_open ? v > b.lo : v >= b.lo) && (b.hi_open ? v < b.hi : v <= b.hi)))
+    fail(where, k.name, " = ", shown, " is out of range (must be ",
+         bounds_text(b, type_of(k) == 0, true), ")");
+}
+
+void check_choice(const Key& k, const std::string& v, const Raw& raw, const std::string& where) {
+  std::vector<std::string> choices;
+  std::stringstream ss(k.choices);
+  for (std::string choice; std::getline(ss, choice, '|');) choices.push_back(choice);
+  if (std::find(choices.begin(), choices.end(), v) == choices.end())
+    fail(where, k.name, ": expected one of ", k.choices, ", got ", describe(raw),
+         closest(v, choices));
+}
+
+// std::from_chars over the whole of `s`, after an optional '+' (YAML and people write it).
+template <class T>
+std::errc parse_number(const std::string& s, T& v) {
+  const size_t skip = (s.size() > 1 && s[0] == '+' && s[1] != '-') ? 1 : 0;
+  const auto [end, ec] = std::from_chars(s.data() + skip, s.data() + s.size(), v);
+  return end == s.data() + s.size() ? ec : std::errc::invalid_argument;
+}
+
+// Parses `raw` as key k's type, checks its range and stores it in c. `where` starts errors.
+void assign(const Key& k, Config& c, const Raw& raw, const std::string& where) {
+  const std::string s = trim(raw.text);
+  auto expected = [&](const char* what) {
+    fail(where, k.name, ": expected ", what, ", got ", describe(raw));
+  };
+  const Ref r = k.ref(c);
+  if (auto p = std::get_if<int*>(&r)) {
+    int64_t v = 0;
+    const std::errc ec = raw.shape ? std::errc::invalid_argument : parse_number(s, v);
+    if (ec == std::errc::result_out_of_range)
+      v = s[0] == '-' ? INT64_MIN : INT64_MAX;
+    else if (ec != std::errc())
+      expected("an integer");
+    check_range(k, static_cast<double>(v), s, where);  // also catches what int cannot hold
+    **p = static_cast<int>(v);
+  } else if (auto p = std::get_if<uint64_t*>(&r)) {
+    uint64_t v = 0;
+    if (raw.shape || parse_number(s, v) != std::errc()) expected("an integer in [0, 2^64)");
+    check_range(k, static_cast<double>(v), s, where);
+    **p = v;
+  } else if (auto p = std::get_if<double*>(&r)) {
+    double v = 0;
+    const std::errc ec = raw.shape ? std::errc::invalid_argument : parse_number(s, v);
+    if (ec == std::errc::result_out_of_range)
+      fail(where, k.name, " = ", s, " is out of range (not representable as a double)");
+    if (ec != std::errc()) expected("a number");
+    if (!std::isfinite(v)) expected("a finite number");
+    check_range(k, v, s, where);
+    **p = v;
+  } else {
+    std::string* str = std::get<std::string*>(r);
+    if (k.choices) {  // a sequence or mapping fails here too, with the list of choices
+      check_choice(k, s, raw, where);
+      *str = s;
+    } else {
+      if (raw.shape) expected("a string (quote it if it holds YAML syntax)");
+      *str = raw.text;  // not trimmed: quoted YAML strings keep their spaces
+    }
+  }
+}
+
+// Re-checks every key of a Config (it may have been built in code), then the rules that
+// tie keys together.
+void validate(Config& c, const std::string& where) {
+  for (const Key& k : kSchema) {
+    const Ref r = k.ref(c);
+    if (auto p = std::get_if<int*>(&r)) check_range(k, **p, std::to_string(**p), where);
+    if (auto p = std::get_if<double*>(&r)) {
+      if (!std::isfinite(**p)) fail(where, k.name, " = ", shortest(**p), " is not finite");
+      check_range(k, **p, shortest(**p), where);
+    }
+    if (auto p = std::get_if<std::string*>(&r); p && k.choices) check_choice(k, **p, {**p}, where);
+  }
+  const ModelSection& m = c.model;
+  const TrainSection& t = c.train;
+  if (m.n_embd % m.n_head != 0)
+    fail(where, "model.n_embd = ", m.n_embd, " is not divisible by model.n_head = ", m.n_head,
+         " (each head gets n_embd / n_head channels)");
+  if (t.seq_len > m.max_seq_len)
+    fail(where, "train.seq_len = ", t.seq_len, " exceeds model.max_seq_len = ", m.max_seq_len,
+         " (raise model.max_seq_len or lower train.seq_len)");
+  if (t.min_lr > t.lr)
+    fail(where, "train.min_lr = ", shortest(t.min_lr), " exceeds train.lr = ", shortest(t.lr),
+         " (the schedule decays from lr down to min_lr)");
+  // A smaller vocabulary would index past the embedding table on the first unseen token.
+  const int tokens = c.data.tokenizer == "gpt2" ? 50257 : 256;
+  if (m.vocab_size < tokens)
+    fail(where, "model.vocab_size = ", m.vocab_size, " is smaller than the ", c.data.tokenizer,
+         " tokenizer's ", tokens, " tokens (set model.vocab_size: ", tokens, ")");
+}
+
+// "file:LINE: " for a YAML node, so editors jump to it.
+std::string at(const std::string& src, const YAML::Node& n) {
+  const YAML::Mark m = n.Mark();
+  return m.line >= 0 ? src + ":" + std::to_string(m.line + 1) + ": " : src + ": ";
+}
+
+void apply_override(Config& c, const std::string& o, const std::string& src) {
+  const std::string where = src + ": --set " + o + ": ";
+  const size_t eq = o.find('=');
+  if (eq == std::string::npos) fail(where, "expected section.key=value (or device=value)");
+  const std::string name = trim(o.substr(0, eq));
+  const Key* k = find_key(name);
+  if (!k) fail(where, "unknown key '", name, "'", did_you_mean(name));
+  assign(*k, c, Raw{o.substr(eq + 1)}, where);
+}
+
+// One section's mapping: every entry must be a key of that section.
+void parse_section(Config& c, const std::string& section, const YAML::Node& body,
+                   const std::string& src, std::set<std::string>& seen) {
+  for (const auto& kv : body) {
+    const std::string where = at(src, kv.first);
+    if (!kv.first.IsScalar())
+      fail(where, section, ": expected a key name, got ", raw_of(kv.first).shape);
+    const std::string name = section + "." + kv.first.Scalar();
+    if (!seen.insert(name).second) fail(where, "duplicate key '", name, "'");
+    const Key* k = find_key(name);
+    if (!k) fail(where, "unknown key '", name, "'", did_you_mean(name));
+    assign(*k, c, raw_of(kv.second), where);
+  }
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  const std::string src = source.empty() ? "<config>" : source;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    fail(src, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg);
+  }
+  Config c;
+  c.source = source;
+  if (!root.IsNull() && !root.IsMap())
+    fail(src, ": expected a mapping of sections (train:, model:, ...), got ",
+         describe(raw_of(root)));
+  std::set<std::string> seen;
+  for (const auto& kv : root) {
+    const std::string where = at(src, kv.first);
+    if (!kv.first.IsScalar()) fail(where, "expected a section name, got ", raw_of(kv.first).shape);
+    const std::string name = kv.first.Scalar();
+    const YAML::Node& body = kv.second;
+    if (!seen.insert(name).second) fail(where, "duplicate key '", name, "'");
+    const Key* k = find_key(name);
+    if (k && name.find('.') == std::string::npos) {  // a top-level key such as `device`
+      assign(*k, c, raw_of(body), where);
+    } else if (k) {
+      fail(where, "'", name, "' must be written as '", leaf_of(*k), ":' under '", section_of(*k),
+           ":'");
+    } else if (!is_section(name)) {
+      fail(where, "unknown ", body.IsMap() ? "section" : "key", " '", name, "'",
+           did_you_mean(name));
+    } else if (!body.IsNull()) {  // `hooks:` with nothing under it keeps the defaults
+      if (!body.IsMap())
+        fail(where, name, ": expected a mapping of keys, got ", describe(raw_of(body)));
+      parse_section(c, name, body, src, seen);
+    }
+  }
+  for (const std::string& o : overrides) apply_override(c, o, src);
+  validate(c, src + (overrides.empty() ? ": " : " (with --set overrides): "));
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // stdio rather than ifstream: errno is reliable, and a directory fails on read (EISDIR).
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail("cannot read config file '", path, "': ", std::strerror(errno));
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  const int err = std::ferror(f) ? errno : 0;
+  std::fclose(f);
+  if (err) fail("cannot read config file '", path, "': ", std::strerror(err));
+  return parse_config(text, path, overrides);
+}
+
+void validate_config(const Config& config) {
+  Config c = config;  // accessors hand out mutable pointers
+  validate(c, (c.source.empty() ? std::string("<config>") : c.source) + ": ");
+}
+
+std::string config_to_yaml(const Config& config) {
+  Config c = config;
+  std::ostringstream os;
+  os << "# stabletrain config, fully resolved; `train --help-config` documents every key.\n";
+  std::string section;
+  for (const Key& k : kSchema) {
+    const std::string sec = section_of(k);
+    if (sec != section && !sec.empty()) os << "\n" << sec << ":\n";
+    section = sec;
+    std::string line = (sec.empty() ? "" : "  ") + leaf_of(k) + ": " + yaml_value(k, c);
+    line.resize(std::max<size_t>(line.size(), 40), ' ');  // comments line up
+    os << line << "  # " << k.desc << "\n";
+  }
+  return os.str();
+}
+
+std::string config_help() {
+  static const char* types[] = {"int", "uint64", "float", "string"};
+  Config defaults;
+  std::vector<std::vector<std::string>> rows;  // key, type, default, range, description
+  for (const Key& k : kSchema) {
+    const size_t t = type_of(k);
+    rows.push_back({k.name, k.choices ? "enum" : types[t], yaml_value(k, defaults),
+                    k.choices ? k.choices
+                    : t == 3  ? "-"
+                              : bounds_text(k.bounds, t == 0, false),
+                    k.desc});
+  }
+  // Columns sized for the typical row; an outlier (a long path) just pushes its line right.
+  const size_t width[4] = {26, 8, 10, 17};
+  std::ostringstream os;
+  os << "stabletrain config keys. Every key is optional (unset keys take the default); write\n"
+        "`section.key` as `key:` under `section:` in the YAML file, or override it on the\n"
+        "command line with --set section.key=value (--set device=cpu for top-level keys).\n";
+  std::string section = "-";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string sec = section_of(kSchema[i]);
+    if (sec != section) os << "\n" << (sec.empty() ? "top level" : sec) << ":\n";
+    section = sec;
+    std::string line = "  ";
+    for (int j = 0; j < 4; ++j) {
+      line += rows[i][j] + "  ";
+      line.resize(std::max(line.size(), 2 + std::accumulate(width, width + j + 1, size_t(0))), ' ');
+    }
+    os << line << rows[i][4] << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace st

@@ -1,0 +1,98 @@
+// Training configuration: one struct per YAML section. The schema (key, type, default,
+// range, description) is declared once in config.cpp and drives parsing, validation,
+// `--set section.key=value` overrides, the resolved config.yaml and `train --help-config`.
+// Unknown keys, wrong types and out-of-range values throw st::Error naming the key and file.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace st {
+
+struct RunSection {
+  std::string name = "run";
+  std::string out_dir = "runs/run";  // the run directory
+  uint64_t seed = 1337;
+  int threads = 0;                   // CPU threads; 0: all cores (OpenMP default)
+};
+
+struct ModelSection {
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 128;
+  int max_seq_len = 256;
+  int vocab_size = 256;  // byte-level default; GPT-2 BPE uses 50257
+  std::string init_from;  // empty: GPT-2 initialisation from run.seed
+};
+
+struct DataSection {
+  std::string train_path = "../shared/data/tinyshakespeare.txt";
+  std::string val_path;          // empty: the last val_fraction of the training file
+  std::string tokenizer = "byte";  // byte (until the BPE tokenizer lands)
+  double val_fraction = 0.1;
+};
+
+struct TrainSection {
+  int max_steps = 1000;
+  int batch_size = 8;        // micro-batch B
+  int seq_len = 128;         // T
+  int grad_accum_steps = 1;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int warmup_steps = 50;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;    // global-norm clip; 0 disables clipping
+  int ckpt_every = 200;      // steps; 0: only at the end
+  int keep_checkpoints = 2;  // newest N kept; 0 keeps all
+  int eval_every = 100;      // steps; 0: only at the end
+  int eval_batches = 8;
+  int log_every = 1;         // console progress line every N steps
+  int sample_tokens = 200;   // text sample at the end of the run; 0 disables
+};
+
+struct PrecisionSection {
+  std::string compute = "fp32";  // fp32 | bf16 | fp16 | fp64
+  double loss_scale_init = 65536.0;  // fp16 only
+  int loss_scale_growth_interval = 2000;
+};
+
+struct AttentionSection {
+  std::string backend = "baseline";  // baseline | flash | stabilized_flash
+};
+
+struct HooksSection {
+  int every = 0;  // stability hooks every N steps; 0: off (hooks land in their own issue)
+};
+
+struct Config {
+  RunSection run;
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  PrecisionSection precision;
+  AttentionSection attention;
+  HooksSection hooks;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string source;           // file the config came from (for error messages)
+};
+
+// Loads FILE, then applies overrides "section.key=value" (or "device=cpu") in order.
+// Every error names the key and the file (or "--set" for an override) and says the fix.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Parses YAML text (for tests); `source` names it in errors.
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+// Re-checks every key's range and the cross-key rules (n_embd % n_head == 0, seq_len <=
+// max_seq_len, min_lr <= lr, vocab_size covers the tokenizer) for a Config built or edited
+// in code; parse_config already does. Errors start with c.source.
+void validate_config(const Config& c);
+// The fully resolved config as YAML (every key, in schema order); parse_config of the
+// result gives back an identical Config.
+std::string config_to_yaml(const Config& c);
+// Human-readable documentation of every key (type, default, range, description).
+std::string config_help();
+
+}  // namespace st

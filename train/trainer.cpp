@@ -1,0 +1,449 @@
+// The step loop. Order of one step (fixed, so runs are reproducible):
+//   zero grads; for each micro-batch: next batch from the loader, forward, backward;
+//   lr from the schedule; clip + AdamW (or skip on FP16 overflow); metrics line;
+//   evaluation every train.eval_every; checkpoint every train.ckpt_every.
+// Checkpoints hold everything that affects later steps (weights, moments, loss scale, step,
+// RNG, loader position), so a resumed run continues bit for bit.
+#include "train/trainer.h"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "core/backend.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "model/gpt2.h"
+#include "optim/schedule.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace st {
+
+std::string checkpoint_name(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "ckpt_%08lld.bin", static_cast<long long>(step));
+  return buf;
+}
+
+namespace {
+
+const std::regex kCkptRe("ckpt_([0-9]{8})\\.bin");
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> v;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, kCkptRe)) v.emplace_back(std::stoll(m[1]), e.path().string());
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// "section.key" -> value for every scalar in a YAML document (config comparison on resume).
+std::map<std::string, std::string> flatten(const std::string& yaml) {
+  std::map<std::string, std::string> out;
+  const YAML::Node root = YAML::Load(yaml);
+  for (const auto& sec : root) {
+    const std::string s = sec.first.as<std::string>();
+    if (sec.second.IsMap()) {
+      for (const auto& kv : sec.second)
+        out[s + "." + kv.first.as<std::string>()] = kv.second.as<std::string>();
+    } else {
+      out[s] = sec.second.as<std::string>();
+    }
+  }
+  return out;
+}
+
+// Keys whose change makes a resumed run a different run (model, data order, arithmetic).
+bool must_match_on_resume(const std::string& key) {
+  return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 ||
+         key == "precision.compute" || key == "run.seed" || key == "train.batch_size" ||
+         key == "train.seq_len" || key == "train.grad_accum_steps" || key == "attention.backend";
+}
+
+std::vector<uint8_t> tensor_bytes(Backend& be, const Tensor& t) {
+  Tensor host = Tensor::empty(t.shape(), t.dtype());
+  be.copy(host, t);
+  const uint8_t* p = static_cast<const uint8_t*>(host.raw());
+  return std::vector<uint8_t>(p, p + host.nbytes());
+}
+
+void load_tensor_bytes(Backend& be, const Tensor& t, const std::vector<uint8_t>& bytes,
+                       const char* what, const std::string& path) {
+  if (bytes.size() != t.nbytes())
+    fail(path, ": ", what, " holds ", bytes.size(), " bytes, the model needs ", t.nbytes(),
+         " (checkpoint of a different model?)");
+  Tensor host = Tensor::empty(t.shape(), t.dtype());
+  std::memcpy(host.raw(), bytes.data(), bytes.size());
+  be.copy(t, host);
+}
+
+template <class T>
+std::vector<uint8_t> pod_bytes(const T& v) {
+  std::vector<uint8_t> b(sizeof v);
+  std::memcpy(b.data(), &v, sizeof v);
+  return b;
+}
+template <class T>
+T pod_from(const std::vector<uint8_t>& b, const char* what, const std::string& path) {
+  if (b.size() != sizeof(T)) fail(path, ": ", what, " has ", b.size(), " bytes, expected ", sizeof(T));
+  T v;
+  std::memcpy(&v, b.data(), sizeof v);
+  return v;
+}
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[32];
+  const long t = std::lround(s);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  return buf;
+}
+
+class Run {
+ public:
+  Run(const Config& cfg, const TrainOptions& opt) : cfg_(cfg), opt_(opt) {}
+  TrainResult go();
+
+ private:
+  void prepare_dir();
+  void open_logs();
+  void build();
+  void restore(const std::string& path);
+  std::string save(int64_t step, double elapsed_s);
+  double evaluate();
+  std::string sample();
+  void write_metrics(const nlohmann::ordered_json& j);
+
+  Config cfg_;
+  TrainOptions opt_;
+  std::string dir_, resume_from_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<GPT2> model_;
+  TokenData data_;
+  std::unique_ptr<DataLoader> train_loader_, val_loader_;
+  Rng rng_;
+  int64_t step_ = 0;
+  double elapsed_prev_ = 0;  // seconds from earlier invocations (resume)
+  std::ofstream metrics_;
+  std::string last_ckpt_ = "(none)";
+};
+
+void Run::prepare_dir() {
+  dir_ = cfg_.run.out_dir;
+  ST_CHECK(!dir_.empty(), "run.out_dir is empty");
+  const bool exists = fs::exists(dir_);
+  const bool nonempty = exists && !fs::is_empty(dir_);
+  if (exists && !fs::is_directory(dir_))
+    fail("run.out_dir: '", dir_, "' exists and is not a directory");
+  if (opt_.resume) {
+    resume_from_ = nonempty ? latest_checkpoint(dir_) : "";
+    if (resume_from_.empty())
+      fail("--resume: no checkpoint (ckpt_*.bin) in run directory '", dir_,
+           "' (run without --resume to start it)");
+    return;
+  }
+  if (nonempty) {
+    if (!opt_.overwrite)
+      fail("run directory '", dir_, "' already exists and is not empty (use --resume to "
+           "continue it, --overwrite to delete it and start over, or --set run.out_dir=NEW)");
+    fs::remove_all(dir_);
+  }
+  fs::create_directories(dir_);
+}
+
+void Run::open_logs() {
+  auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(dir_ + "/train.log", false);
+  std::vector<spdlog::sink_ptr> sinks{file};
+  if (opt_.console) sinks.push_back(std::make_shared<spdlog::sinks::stdout_sink_mt>());
+  log_ = std::make_shared<spdlog::logger>("train", sinks.begin(), sinks.end());
+  log_->set_pattern("[%Y-%m-%d %H:%M:%S.%e] %v");
+  log_->flush_on(spdlog::level::info);
+}
+
+void Run::build() {
+  data_ = load_text_bytes(cfg_.data.train_path, cfg_.data.val_path, cfg_.data.val_fraction);
+  if (cfg_.model.vocab_size < data_.vocab_size)
+    fail(cfg_.source, ": model.vocab_size = ", cfg_.model.vocab_size, " is smaller than the ",
+         data_.vocab_size, " tokens of data.tokenizer '", cfg_.data.tokenizer, "'");
+  be_ = make_backend(cfg_.device, cfg_.run.threads);
+  GPT2Config mc;
+  mc.n_layer = cfg_.model.n_layer;
+  mc.n_head = cfg_.model.n_head;
+  mc.n_embd = cfg_.model.n_embd;
+  mc.max_seq_len = cfg_.model.max_seq_len;
+  mc.vocab_size = cfg_.model.vocab_size;
+  AttentionConfig ac;
+  ac.kind = parse_attention_kind(cfg_.attention.backend);
+  LossScalerConfig ls;
+  ls.init_scale = static_cast<float>(cfg_.precision.loss_scale_init);
+  ls.growth_interval = cfg_.precision.loss_scale_growth_interval;
+  model_ = std::make_unique<GPT2>(mc, *be_, parse_dtype(cfg_.precision.compute), ac, ls);
+  model_->init_weights(cfg_.run.seed);
+  const int B = cfg_.train.batch_size, T = cfg_.train.seq_len;
+  train_loader_ = std::make_unique<DataLoader>(data_.train, B, T, cfg_.run.seed, true);
+  val_loader_ = std::make_unique<DataLoader>(data_.val, B, T, cfg_.run.seed, false);
+  rng_.reseed(cfg_.run.seed ^ 0x5eed5eed5eedull);
+}
+
+void Run::restore(const std::string& path) {
+  const CheckpointState s = load_checkpoint(path);
+  // Refuse a checkpoint of another run; report other config changes.
+  const auto old_cfg = flatten(s.config_yaml), new_cfg = flatten(config_to_yaml(cfg_));
+  for (const auto& [k, v] : new_cfg) {
+    auto it = old_cfg.find(k);
+    const std::string ov = it == old_cfg.end() ? "(absent)" : it->second;
+    if (ov == v) continue;
+    if (must_match_on_resume(k))
+      fail("--resume: ", k, " is '", v, "' but the checkpoint ", path, " was written with '",
+           ov, "' (resume with the run's own config.yaml)");
+    log_->warn("resume: {} changed from '{}' to '{}'", k, ov, v);
+  }
+  load_tensor_bytes(*be_, model_->master_flat(), s.master, "master weights", path);
+  load_tensor_bytes(*be_, model_->m_flat(), s.m, "Adam m", path);
+  load_tensor_bytes(*be_, model_->v_flat(), s.v, "Adam v", path);
+  model_->sync_params_from_master();
+  model_->set_adam_step(static_cast<int>(s.adam_step));
+  model_->loss_scaler().set_state(s.loss_scale, s.loss_scale_good_steps);
+  rng_.set_state(pod_from<Rng::State>(s.rng_state, "rng_state", path));
+  train_loader_->set_state(pod_from<DataLoader::State>(s.data_state, "data_state", path));
+  step_ = s.step;
+  elapsed_prev_ = s.elapsed_s;
+  last_ckpt_ = path;
+  // Keep the metrics of the steps the checkpoint covers; later lines are being redone.
+  const std::string mpath = dir_ + "/metrics.jsonl";
+  std::vector<std::string> keep;
+  std::ifstream in(mpath);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::ordered_json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("step", int64_t{0}) <= step_) keep.push_back(line);
+  }
+  in.close();
+  std::ofstream out(mpath, std::ios::trunc);
+  for (const auto& l : keep) out << l << "\n";
+}
+
+std::string Run::save(int64_t step, double elapsed_s) {
+  CheckpointState s;
+  s.config_yaml = config_to_yaml(cfg_);
+  s.step = step;
+  s.adam_step = model_->adam_step();
+  const GPT2Config& mc = model_->config();
+  s.n_layer = mc.n_layer;
+  s.n_head = mc.n_head;
+  s.n_embd = mc.n_embd;
+  s.max_seq_len = mc.max_seq_len;
+  s.vocab_size = mc.vocab_size;
+  s.padded_vocab_size = mc.vp();
+  s.compute = cfg_.precision.compute;
+  s.master_elem_bytes = static_cast<int32_t>(dtype_size(model_->master_flat().dtype()));
+  s.master = tensor_bytes(*be_, model_->master_flat());
+  s.m = tensor_bytes(*be_, model_->m_flat());
+  s.v = tensor_bytes(*be_, model_->v_flat());
+  s.loss_scale = model_->loss_scaler().scale();
+  s.loss_scale_good_steps = model_->loss_scaler().good_steps();
+  s.rng_state = pod_bytes(rng_.state());
+  s.data_state = pod_bytes(train_loader_->state());
+  s.elapsed_s = elapsed_s;
+  const std::string path = dir_ + "/" + checkpoint_name(step);
+  const std::string sha = save_checkpoint(path, s);
+  last_ckpt_ = path;
+  log_->info("checkpoint {} (step {}), weights sha256 {}", path, step, sha);
+  write_metrics({{"step", step}, {"checkpoint", checkpoint_name(step)}, {"weights_sha256", sha}});
+  if (cfg_.train.keep_checkpoints > 0) {
+    auto all = list_checkpoints(dir_);
+    while (static_cast<int>(all.size()) > cfg_.train.keep_checkpoints) {
+      fs::remove(all.front().second);
+      all.erase(all.begin());
+    }
+  }
+  return sha;
+}
+
+double Run::evaluate() {
+  const int B = cfg_.train.batch_size, T = cfg_.train.seq_len;
+  std::vector<int32_t> x(B * T), y(B * T);
+  val_loader_->reset();
+  const int64_t n = std::min<int64_t>(cfg_.train.eval_batches,
+                                      val_loader_->windows_per_epoch() / B);
+  ST_CHECK(n > 0, "the validation split holds fewer than ", B, " windows of ", T + 1,
+           " tokens (raise data.val_fraction or lower train.seq_len)");
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    val_loader_->next(x.data(), y.data());
+    model_->forward(x.data(), y.data(), B, T);
+    sum += model_->mean_loss();
+  }
+  return sum / static_cast<double>(n);
+}
+
+std::string Run::sample() {
+  const int V = model_->config().vocab_size, Vp = model_->config().vp();
+  const int maxT = std::min(model_->config().max_seq_len, cfg_.train.seq_len);
+  std::vector<int32_t> toks{'\n'};
+  for (int i = 0; i < cfg_.train.sample_tokens; ++i) {
+    const int start = std::max(0, static_cast<int>(toks.size()) - maxT);
+    const int t = static_cast<int>(toks.size()) - start;
+    model_->forward(toks.data() + start, nullptr, 1, t);
+    Tensor host = Tensor::empty({Vp}, DType::F64);
+    be_->copy(host, model_->logits().view({t, Vp})[t - 1]);
+    const double* lg = host.data<double>();
+    double mx = lg[0];
+    for (int j = 1; j < V; ++j) mx = std::max(mx, lg[j]);
+    std::vector<double> p(V);
+    double sum = 0;
+    for (int j = 0; j < V; ++j) sum += p[j] = std::exp(lg[j] - mx);
+    double u = rng_.uniform() * sum;
+    int pick = V - 1;
+    for (int j = 0; j < V; ++j)
+      if ((u -= p[j]) < 0) {
+        pick = j;
+        break;
+      }
+    toks.push_back(pick);
+  }
+  return decode_bytes(toks);
+}
+
+void Run::write_metrics(const nlohmann::ordered_json& j) {
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+}
+
+TrainResult Run::go() {
+  prepare_dir();
+  open_logs();
+  build();
+  if (!resume_from_.empty()) restore(resume_from_);
+  {
+    std::ofstream c(dir_ + "/config.yaml");
+    c << config_to_yaml(cfg_);
+  }
+  metrics_.open(dir_ + "/metrics.jsonl", std::ios::app);
+  const auto& mc = model_->config();
+  log_->info("stabletrain: {} on {} | GPT-2 L={} H={} C={} T={} V={} ({:.2f}M params) | {}",
+             cfg_.run.name, be_->name(), mc.n_layer, mc.n_head, mc.n_embd, mc.max_seq_len,
+             mc.vocab_size, model_->num_params() / 1e6, cfg_.precision.compute);
+  log_->info("data: {}", data_.description);
+  if (!resume_from_.empty()) log_->info("resumed from {} at step {}", resume_from_, step_);
+
+  TrainResult res;
+  res.first_step = step_;
+  const int B = cfg_.train.batch_size, T = cfg_.train.seq_len, A = cfg_.train.grad_accum_steps;
+  const int64_t max_steps = cfg_.train.max_steps;
+  const int64_t stop = opt_.stop_after >= 0 ? std::min(max_steps, opt_.stop_after) : max_steps;
+  LrSchedule sched;
+  sched.lr = static_cast<float>(cfg_.train.lr);
+  sched.min_lr = static_cast<float>(cfg_.train.min_lr);
+  sched.warmup_steps = cfg_.train.warmup_steps;
+  sched.max_steps = static_cast<int>(max_steps);
+  OptimConfig oc;
+  oc.beta1 = static_cast<float>(cfg_.train.beta1);
+  oc.beta2 = static_cast<float>(cfg_.train.beta2);
+  oc.eps = static_cast<float>(cfg_.train.eps);
+  oc.weight_decay = static_cast<float>(cfg_.train.weight_decay);
+  oc.grad_clip = static_cast<float>(cfg_.train.grad_clip);
+  std::vector<int32_t> x(B * T), y(B * T);
+  const auto t_start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return elapsed_prev_ +
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  };
+  double tok_time = 0;
+  int64_t tok_count = 0;
+  while (step_ < stop) {
+    const auto t0 = std::chrono::steady_clock::now();
+    model_->zero_grad();
+    double loss = 0;
+    for (int a = 0; a < A; ++a) {
+      train_loader_->next(x.data(), y.data());
+      model_->forward(x.data(), y.data(), B, T);
+      loss += model_->mean_loss() / A;
+      if (!std::isfinite(model_->mean_loss()))
+        fail("step ", step_ + 1, ": the training loss is ", model_->mean_loss(),
+             "; stopping (last good checkpoint: ", last_ckpt_,
+             "). Lower train.lr, raise train.warmup_steps or use a wider precision.compute");
+      model_->backward(A);
+    }
+    const float lr = sched.at(static_cast<int>(step_));
+    const StepStats st = model_->step(lr, oc);
+    if (st.skipped && !model_->loss_scaler().enabled())
+      fail("step ", step_ + 1, ": non-finite gradients; stopping (last good checkpoint: ",
+           last_ckpt_, ")");
+    ++step_;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tps = static_cast<double>(B) * T * A / dt;
+    tok_time += dt;
+    tok_count += static_cast<int64_t>(B) * T * A;
+    res.losses.push_back(static_cast<float>(loss));
+    nlohmann::ordered_json j = {{"step", step_},       {"loss", loss},        {"lr", lr},
+                        {"grad_norm", st.grad_norm}, {"tokens_per_s", tps}, {"elapsed", elapsed()}};
+    if (model_->loss_scaler().enabled()) {
+      j["loss_scale"] = st.loss_scale;
+      j["skipped"] = st.skipped;
+    }
+    write_metrics(j);
+    if (step_ % cfg_.train.log_every == 0 || step_ == stop) {
+      const double eta = (stop - step_) * (tok_time / static_cast<double>(step_ - res.first_step));
+      log_->info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad {:.3f} | {:.0f} tok/s | ETA {}{}",
+                 step_, max_steps, loss, lr, st.grad_norm, tps, fmt_duration(eta),
+                 st.skipped ? " | skipped (fp16 overflow)" : "");
+    }
+    const bool last = step_ == stop;
+    if ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last) {
+      res.val_loss = evaluate();
+      log_->info("step {:>6} | val_loss {:.4f}", step_, res.val_loss);
+      write_metrics({{"step", step_}, {"val_loss", res.val_loss}, {"elapsed", elapsed()}});
+    }
+    if ((cfg_.train.ckpt_every > 0 && step_ % cfg_.train.ckpt_every == 0) || last) {
+      res.weights_sha256 = save(step_, elapsed());
+    }
+  }
+  res.last_step = step_;
+  res.tokens_per_s = tok_time > 0 ? tok_count / tok_time : 0;
+  if (res.weights_sha256.empty()) {
+    const auto w = tensor_bytes(*be_, model_->master_flat());
+    res.weights_sha256 = sha256_hex(w.data(), w.size());
+  }
+  if (step_ == max_steps && cfg_.train.sample_tokens > 0) {
+    res.sample = sample();
+    log_->info("sample:\n{}", res.sample);
+  }
+  log_->info("done: {} steps, {:.0f} tokens/s, val_loss {:.4f}, run directory {}", step_,
+             res.tokens_per_s, res.val_loss, dir_);
+  spdlog::drop("train");
+  return res;
+}
+
+}  // namespace
+
+std::string latest_checkpoint(const std::string& dir) {
+  const auto all = list_checkpoints(dir);
+  return all.empty() ? "" : all.back().second;
+}
+
+TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
+  Run r(cfg, opt);
+  return r.go();
+}
+
+}  // namespace st

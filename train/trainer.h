@@ -1,0 +1,35 @@
+// The training driver behind `train`: run directory, step loop, evaluation, metrics,
+// checkpoints and exact resume. Library code (throws st::Error); train_main.cpp is the CLI.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+namespace st {
+
+struct TrainOptions {
+  bool resume = false;      // continue from the newest checkpoint in run.out_dir
+  bool overwrite = false;   // delete an existing run directory first
+  int64_t stop_after = -1;  // stop (with a checkpoint) after this many steps in total
+  bool console = true;      // progress lines on stdout (train.log is always written)
+};
+
+struct TrainResult {
+  int64_t first_step = 0;          // step the run started (or resumed) from
+  int64_t last_step = 0;           // steps completed
+  std::vector<float> losses;       // training loss of each step run by this call
+  std::string weights_sha256;      // of the master weights at the end
+  double val_loss = 0.0;           // last evaluation
+  double tokens_per_s = 0.0;       // mean over this call's steps
+  std::string sample;              // text sample at the end (if enabled)
+};
+
+TrainResult run_training(const Config& cfg, const TrainOptions& opt);
+
+// Checkpoint file name for a step, and the newest checkpoint in a directory ("" if none).
+std::string checkpoint_name(int64_t step);
+std::string latest_checkpoint(const std::string& dir);
+
+}  // namespace st
