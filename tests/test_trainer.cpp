@@ -242,3 +242,16 @@ class CleanTmp : public ::testing::Environment {
 };
 const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
 }  // namespace
+
+TEST(TrainBadInput, UnimplementedFeaturesAreRefusedLoudly) {
+  const std::string path =
+      write_yaml("unimpl.yaml", base_yaml((tmp_root() / "unimpl").string(), "fp32"));
+  for (const std::string set : {"model.init_from=x.bin", "data.tokenizer=gpt2 --set model.vocab_size=50257",
+                                "hooks.every=10", "attention.backend=flash"}) {
+    const Cmd r = train_cmd("--config " + path + " --set " + set);
+    EXPECT_NE(r.code, 0) << set;
+    EXPECT_NE(r.err.find("not implemented yet"), std::string::npos) << set << ": " << r.err;
+    EXPECT_FALSE(fs::exists(tmp_root() / "unimpl")) << "a refused run left a run directory";
+    std::printf("  %s", r.err.c_str());
+  }
+}
