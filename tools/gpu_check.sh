@@ -56,9 +56,7 @@ cat "$OUT/nvidia_smi.txt" >>"$LOG"
 say "GPU: $GPU, driver $DRIVER"
 
 # ---- 2. build dependencies (best effort: the machine may be offline) --------------------
-# The same Debian packages as tools/setup.sh (keep the two lists in step).
-pkgs=(cmake g++ make libgtest-dev libopenblas-openmp-dev libyaml-cpp-dev libspdlog-dev
-  nlohmann-json3-dev libcli11-dev libssl-dev)
+mapfile -t pkgs < <(grep -v '^#' tools/debian-packages.txt | tr ' ' '\n' | grep .)
 missing=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -81,7 +79,13 @@ CMAKE_DEP_ARGS=()
 if [[ -d .gpu_deps ]] && compgen -G ".gpu_deps/*.deb" >/dev/null && ! dpkg -s libyaml-cpp-dev >/dev/null 2>&1; then
   DEPS=/tmp/stabletrain_deps
   mkdir -p "$DEPS"
-  for deb in .gpu_deps/*.deb; do dpkg-deb -x "$deb" "$DEPS" 2>>"$LOG" || say "WARNING: could not unpack $deb"; done
+  for deb in .gpu_deps/*.deb; do
+    if command -v dpkg-deb >/dev/null 2>&1; then
+      dpkg-deb -x "$deb" "$DEPS" 2>>"$LOG" || say "WARNING: could not unpack $deb"
+    else  # a non-Debian image: a .deb is an ar archive holding data.tar.xz
+      (ar p "$deb" data.tar.xz | tar -xJ -C "$DEPS") 2>>"$LOG" || say "WARNING: could not unpack $deb"
+    fi
+  done
   ARCHLIB="$DEPS/usr/lib/x86_64-linux-gnu"
   export LD_LIBRARY_PATH="$ARCHLIB:$ARCHLIB/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"

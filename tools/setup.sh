@@ -5,8 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(cmake g++ make libgtest-dev libopenblas-openmp-dev libyaml-cpp-dev libspdlog-dev
-      nlohmann-json3-dev libcli11-dev libssl-dev)
+mapfile -t pkgs < <(grep -v '^#' tools/debian-packages.txt | tr ' ' '\n' | grep .)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
