@@ -20,4 +20,19 @@ const char* attention_kind_name(AttentionKind k) {
   return "?";
 }
 
+AttnNumerics AttentionConfig::numerics(DType compute, int head) const {
+  AttnNumerics n = numerics_for_rule(rule, compute, kind != AttentionKind::Baseline);
+  if (qkv) n.qkv = *qkv;
+  if (scores) n.scores = *scores;
+  if (probs) n.probs = *probs;
+  if (accum) n.accum = *accum;
+  if (out) n.out = *out;
+  if (mac) n.mac = *mac;
+  if (grads) n.grads = *grads;
+  for (int h : fp32_out_heads)
+    if (h == head) n.out = compute == DType::F64 ? DType::F64 : DType::F32;
+  n.delta = kind == AttentionKind::Baseline ? DeltaMode::DpP : delta;
+  return n;
+}
+
 }  // namespace st

@@ -7,8 +7,11 @@
 // An Attention object belongs to one layer and may keep what its backward needs.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "attention/numerics.h"
 #include "core/tensor.h"
 
 namespace st {
@@ -19,9 +22,33 @@ const char* attention_kind_name(AttentionKind k);
 
 struct AttentionConfig {
   AttentionKind kind = AttentionKind::Baseline;
-  // Format of the materialised scores S and probabilities P (baseline). Defaults follow
-  // the compute format, as a PyTorch/cuBLAS baseline in BF16 stores them.
   bool causal = true;
+  // Rounding: the rule sets every point's format from the model's compute format; the
+  // optional overrides then replace single points (see attention/numerics.h).
+  RoundingRule rule = RoundingRule::Gpu;
+  std::optional<DType> qkv, scores, probs, accum, out, mac, grads;
+  DeltaMode delta = DeltaMode::O;
+  // Flash tiles: Br query rows, Bc key columns; 0 means one tile spanning the sequence.
+  int block_q = 64, block_k = 64;
+  // Stabilized flash (Qiu & Yao): shift factor beta and tie tolerance. max_shift caps the
+  // shift of the maximum (in units of the score) so exp never underflows in P~'s format:
+  // 0 picks ln(1/min_normal(probs)) / 2 (see flash_cpu.cpp).
+  double beta = 2.0, tie_tol = 1e-3, max_shift = 0.0;
+  std::vector<int> fp32_out_heads;  // heads of this layer whose stored O is FP32
+  bool collect_stats = false;       // fill Attention::stats() in forward
+
+  AttnNumerics numerics(DType compute, int head) const;  // resolved for one head
+};
+
+// Per-head forward statistics (collect_stats), over the last forward call.
+struct AttentionHeadStats {
+  double max_logit = -1e300;  // largest scaled score
+  int64_t rows = 0;           // query rows seen
+  int64_t tied_rows = 0;      // rows whose maximum is tied (within tie_tol) by another key
+  int64_t tied_in_tile = 0;   // of those, rows with two tied maxima inside one key tile
+  int64_t p_one = 0;          // entries of P~ (flash) or P (baseline) equal to exactly 1
+  double entropy_sum = 0;     // sum over rows of the softmax entropy (nats)
+  double mean_entropy() const { return rows ? entropy_sum / rows : 0.0; }
 };
 
 class Attention {
@@ -34,6 +61,11 @@ class Attention {
   // dqkv is overwritten. out and lse are the forward's results for the same qkv.
   virtual void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                         const Tensor& out, const Tensor& lse, int n_head, DType fmt) = 0;
+  // Statistics of the last forward, one entry per head (empty unless collect_stats).
+  virtual const std::vector<AttentionHeadStats>& stats() const {
+    static const std::vector<AttentionHeadStats> none;
+    return none;
+  }
 };
 
 }  // namespace st

@@ -51,8 +51,8 @@ bool is_decayed(int id) {  // 2-D weights; biases and layernorm parameters are n
 }
 }  // namespace
 
-GPT2::GPT2(const GPT2Config& cfg, Backend& backend, DType compute, const AttentionConfig& attn,
-           const LossScalerConfig& ls)
+GPT2::GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
+           const std::vector<AttentionConfig>& attn, const LossScalerConfig& ls)
     : cfg_(cfg), be_(backend), compute_(compute) {
   cfg_.validate();
   cfg_.padded_vocab_size = cfg_.vp();
@@ -85,7 +85,10 @@ GPT2::GPT2(const GPT2Config& cfg, Backend& backend, DType compute, const Attenti
     ms_[i] = m_.flat(offsets_[i], n, shapes[i]);
     vs_[i] = v_.flat(offsets_[i], n, shapes[i]);
   }
-  for (int l = 0; l < cfg_.n_layer; ++l) attn_.push_back(be_.make_attention(attn));
+  ST_CHECK(attn.size() == 1 || static_cast<int>(attn.size()) == cfg_.n_layer, "GPT2: ",
+           attn.size(), " attention configs for ", cfg_.n_layer, " layers");
+  for (int l = 0; l < cfg_.n_layer; ++l)
+    attn_.push_back(be_.make_attention(attn[attn.size() == 1 ? 0 : l]));
   LossScalerConfig lsc = ls;
   lsc.enabled = compute_ == DType::F16;
   scaler_ = LossScaler(lsc);

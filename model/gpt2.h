@@ -58,8 +58,12 @@ struct StepStats {
 
 class GPT2 {
  public:
+  // attn: one config for every layer, or one per layer (per-layer backends and overrides).
   GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
-       const AttentionConfig& attn = AttentionConfig{}, const LossScalerConfig& ls = {});
+       const std::vector<AttentionConfig>& attn, const LossScalerConfig& ls = {});
+  GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
+       const AttentionConfig& attn = AttentionConfig{}, const LossScalerConfig& ls = {})
+      : GPT2(cfg, backend, compute, std::vector<AttentionConfig>{attn}, ls) {}
   const GPT2Config& config() const { return cfg_; }
   DType compute() const { return compute_; }
   Backend& backend() { return be_; }
@@ -86,6 +90,7 @@ class GPT2 {
 
   // Views for tests and tools (storage dtype of the backend).
   Tensor param(int id) const { return params_[id]; }
+  const Attention& attention(int layer) const { return *attn_.at(layer); }
   Tensor grad(int id) const { return grads_[id]; }
   const Tensor& logits() const { return acts_.logits; }  // (B,T,Vp) after forward
   const Tensor& losses() const { return acts_.losses; }  // (B,T)

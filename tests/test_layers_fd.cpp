@@ -157,11 +157,25 @@ TEST_F(LayerFD, CrossEntropy) {
   check_grad("crossentropy d(logits)", logits, dlogits, loss);
 }
 
-TEST_F(LayerFD, BaselineAttention) {
+class AttentionFD : public ::testing::TestWithParam<AttentionKind> {};
+
+TEST_P(AttentionFD, Qkv) {
+  // T = 7 with 3-wide tiles: a partial last tile and, for early rows, fully masked tiles.
+  auto be = make_cpu_backend();
+  Rng rng(42 + static_cast<int>(GetParam()));
   const int B = 2, T = 7, NH = 3, C = 15;  // head size 5
-  auto attn = be->make_attention(AttentionConfig{});
+  AttentionConfig cfg;
+  cfg.kind = GetParam();
+  cfg.block_q = 2;
+  cfg.block_k = 3;
+  auto attn = be->make_attention(cfg);
   Tensor qkv = randn({B, T, 3 * C}, rng), out = Tensor::empty({B, T, C}, F),
          lse = Tensor::empty({B, NH, T}, F), dout = randn({B, T, C}, rng);
+  if (cfg.kind == AttentionKind::StabilizedFlash) {
+    // Make keys 1 and 2 of batch 0, head 0 identical, so rows >= 2 have tied maxima
+    // whenever they are the row's largest scores (exercises the max adjustment).
+    for (int j = 0; j < 5; ++j) qkv.data<double>()[2 * 3 * C + C + j] = qkv.data<double>()[1 * 3 * C + C + j];
+  }
   auto loss = [&] {
     attn->forward(out, lse, qkv, NH, F);
     return dot(out, dout);
@@ -169,7 +183,8 @@ TEST_F(LayerFD, BaselineAttention) {
   loss();
   Tensor dqkv = Tensor::empty({B, T, 3 * C}, F);
   attn->backward(dqkv, dout, qkv, out, lse, NH, F);
-  check_grad("attention d(qkv)", qkv, dqkv, loss);
+  check_grad((std::string("attention d(qkv) ") + attention_kind_name(cfg.kind)).c_str(), qkv,
+             dqkv, loss);
   // lse against a direct log-sum-exp of row t=3 of head 1, batch 1.
   const double scale = 1.0 / std::sqrt(5.0);
   const double* q = qkv.data<double>() + (1 * T + 3) * 3 * C + 1 * 5;
@@ -185,6 +200,11 @@ TEST_F(LayerFD, BaselineAttention) {
   for (int s = 0; s <= 3; ++s) sum += std::exp(terms[s] - mx);
   EXPECT_NEAR(lse.data<double>()[(1 * NH + 1) * T + 3], mx + std::log(sum), 1e-12);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, AttentionFD,
+                         ::testing::Values(AttentionKind::Baseline, AttentionKind::Flash,
+                                           AttentionKind::StabilizedFlash),
+                         [](const auto& info) { return std::string(attention_kind_name(info.param)); });
 
 TEST(ModelFD, WholeGpt2Fp64) {
   auto be = make_cpu_backend();

@@ -56,6 +56,8 @@ struct Key {
 #define ST_KEY(sec, key) #sec "." #key, [](Config& c) -> Ref { return &c.sec.key; }
 // clang-format on
 
+constexpr const char* kFormats = "auto|bf16|fp16|fp32|fp64";
+
 // Order here is the order of config_to_yaml and config_help. Top-level keys come first.
 const Key kSchema[] = {
     {"device", [](Config& c) -> Ref { return &c.device; }, any(),
@@ -71,11 +73,17 @@ const Key kSchema[] = {
     {ST_KEY(model, n_embd), closed(1, 8192), "residual stream width C"},
     {ST_KEY(model, max_seq_len), closed(1, 65536), "rows of the position embedding"},
     {ST_KEY(model, vocab_size), closed(1, 1000000), "vocabulary: 256 byte, 50257 gpt2"},
-    {ST_KEY(model, init_from), any(), "checkpoint with initial weights; empty: from run.seed"},
+    {ST_KEY(model, init_from), any(),
+     "initial weights: llm.c model, safetensors or checkpoint; empty: from run.seed"},
 
-    {ST_KEY(data, train_path), any(), "training text file"},
-    {ST_KEY(data, val_path), any(), "validation text; empty: end of train_path"},
+    {ST_KEY(data, train_path), any(), "training text file, or llm.c token shards (.bin or glob)"},
+    {ST_KEY(data, val_path), any(), "validation text or shards; empty: end of a text train_path"},
+    {ST_KEY(data, format), any(), "how paths are read; auto: glob or *.bin are shards",
+     "auto|text|shards"},
     {ST_KEY(data, tokenizer), any(), "byte-level or GPT-2 BPE tokenizer", "byte|gpt2"},
+    {ST_KEY(data, tokenizer_dir), any(), "folder with GPT-2's encoder.json and vocab.bpe"},
+    {ST_KEY(data, prepare_from), any(),
+     "text file to write missing train/val shards from (prepare_data's rules); empty: never"},
     {ST_KEY(data, val_fraction), open_closed(0, 0.5), "held-out share when val_path is empty"},
 
     {ST_KEY(train, max_steps), closed(1, 1e9), "optimizer steps"},
@@ -104,6 +112,27 @@ const Key kSchema[] = {
      "clean steps before the loss scale doubles (fp16 only)"},
 
     {ST_KEY(attention, backend), any(), "implementation", "baseline|flash|stabilized_flash"},
+    {ST_KEY(attention, rule), any(), "rounding rule for the formats below",
+     "gpu|every_op|every_mac"},
+    {ST_KEY(attention, qkv), any(), "format of Q, K, V; auto: from rule", kFormats},
+    {ST_KEY(attention, scores), any(), "format of the scores S", kFormats},
+    {ST_KEY(attention, probs), any(), "format of P (baseline) / P~ fed to P~V (flash)", kFormats},
+    {ST_KEY(attention, accum), any(), "flash O~ accumulator and row sum l", kFormats},
+    {ST_KEY(attention, out), any(), "format of the stored O", kFormats},
+    {ST_KEY(attention, mac), any(), "partial sums inside matmuls and row sums", kFormats},
+    {ST_KEY(attention, grads), any(), "format of dQ, dK, dV, dS, dP", kFormats},
+    {ST_KEY(attention, delta), any(), "how the backward forms delta",
+     "o|o_split|o_fp32|dp_p|fp32_recompute"},
+    {ST_KEY(attention, block_q), closed(0, 65536), "flash query tile Br; 0: one tile"},
+    {ST_KEY(attention, block_k), closed(0, 65536), "flash key tile Bc; 0: one tile per row"},
+    {ST_KEY(attention, beta), closed(1, 64), "stabilized flash: shift factor beta"},
+    {ST_KEY(attention, tie_tol), closed(0, 1), "stabilized flash: tie tolerance on scores"},
+    {ST_KEY(attention, max_shift), at_least(0),
+     "stabilized flash: cap on the max shift; 0: ln(1/min_normal(probs))/2"},
+    {ST_KEY(attention, layer_backends), any(),
+     "per-layer backend, e.g. '2:flash,5:stabilized_flash' (layers from 0)"},
+    {ST_KEY(attention, fp32_out_heads), any(),
+     "layer.head pairs with FP32 stored O, e.g. '2.8,2.3'"},
 
     {ST_KEY(hooks, every), at_least(0), "stability hooks every N steps; 0: off"},
 };

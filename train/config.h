@@ -26,9 +26,13 @@ struct ModelSection {
 };
 
 struct DataSection {
+  // A text file, or llm.c token shards: a .bin file or a glob (data/dataset.h).
   std::string train_path = "../shared/data/tinyshakespeare.txt";
-  std::string val_path;          // empty: the last val_fraction of the training file
-  std::string tokenizer = "byte";  // byte (until the BPE tokenizer lands)
+  std::string val_path;            // empty: the last val_fraction of a text train_path
+  std::string format = "auto";     // auto (glob or *.bin: shards) | text | shards
+  std::string tokenizer = "byte";  // byte | gpt2
+  std::string tokenizer_dir = "../shared/data/gpt2-tokenizer";  // encoder.json, vocab.bpe
+  std::string prepare_from;        // text file that missing shards are prepared from
   double val_fraction = 0.1;
 };
 
@@ -61,6 +65,16 @@ struct PrecisionSection {
 
 struct AttentionSection {
   std::string backend = "baseline";  // baseline | flash | stabilized_flash
+  std::string rule = "gpu";          // gpu | every_op | every_mac (attention/numerics.h)
+  // Per-point format overrides: auto (from the rule and precision.compute) | bf16 | fp16 |
+  // fp32 | fp64.
+  std::string qkv = "auto", scores = "auto", probs = "auto", accum = "auto", out = "auto",
+              mac = "auto", grads = "auto";
+  std::string delta = "o";  // o | o_split | o_fp32 | dp_p | fp32_recompute
+  int block_q = 64, block_k = 64;  // flash tiles; 0: one tile per row
+  double beta = 2.0, tie_tol = 1e-3, max_shift = 0.0;
+  std::string layer_backends;  // "2:flash,5:stabilized_flash": backend for listed layers
+  std::string fp32_out_heads;  // "2.8,2.3": layer.head pairs whose stored O is FP32
 };
 
 struct HooksSection {

@@ -23,7 +23,9 @@
 #include "core/backend.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/tokenizer.h"
 #include "model/gpt2.h"
+#include "model/io.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 
@@ -73,8 +75,78 @@ std::map<std::string, std::string> flatten(const std::string& yaml) {
 bool must_match_on_resume(const std::string& key) {
   return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 ||
          key == "precision.compute" || key == "run.seed" || key == "train.batch_size" ||
-         key == "train.seq_len" || key == "train.grad_accum_steps" || key == "attention.backend";
+         key == "train.seq_len" || key == "train.grad_accum_steps" || key.rfind("attention.", 0) == 0;
 }
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : s) {
+    if (ch == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else if (ch != ' ') {
+      cur.push_back(ch);
+    }
+  }
+  if (!cur.empty() || !out.empty()) out.push_back(cur);
+  return out;
+}
+
+int parse_index(const std::string& s, int limit, const std::string& where, const char* what) {
+  size_t used = 0;
+  int v = -1;
+  try {
+    v = std::stoi(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != s.size() || v < 0 || v >= limit)
+    fail(where, ": '", s, "' is not a ", what, " index in [0, ", limit, ")");
+  return v;
+}
+
+}  // namespace
+
+std::vector<AttentionConfig> attention_configs(const Config& c) {
+  const AttentionSection& a = c.attention;
+  AttentionConfig base;
+  base.kind = parse_attention_kind(a.backend);
+  base.rule = parse_rounding_rule(a.rule);
+  auto fmt = [](const std::string& v) -> std::optional<DType> {
+    return v == "auto" ? std::nullopt : std::optional<DType>(parse_dtype(v));
+  };
+  base.qkv = fmt(a.qkv);
+  base.scores = fmt(a.scores);
+  base.probs = fmt(a.probs);
+  base.accum = fmt(a.accum);
+  base.out = fmt(a.out);
+  base.mac = fmt(a.mac);
+  base.grads = fmt(a.grads);
+  base.delta = parse_delta_mode(a.delta);
+  base.block_q = a.block_q;
+  base.block_k = a.block_k;
+  base.beta = a.beta;
+  base.tie_tol = a.tie_tol;
+  base.max_shift = a.max_shift;
+  std::vector<AttentionConfig> layers(c.model.n_layer, base);
+  const std::string lb = c.source + ": attention.layer_backends";
+  for (const std::string& item : split(a.layer_backends, ',')) {
+    const auto kv = split(item, ':');
+    if (kv.size() != 2) fail(lb, ": '", item, "' is not LAYER:BACKEND (e.g. 2:flash)");
+    layers[parse_index(kv[0], c.model.n_layer, lb, "layer")].kind = parse_attention_kind(kv[1]);
+  }
+  const std::string fh = c.source + ": attention.fp32_out_heads";
+  for (const std::string& item : split(a.fp32_out_heads, ',')) {
+    const auto lh = split(item, '.');
+    if (lh.size() != 2) fail(fh, ": '", item, "' is not LAYER.HEAD (e.g. 2.8)");
+    const int l = parse_index(lh[0], c.model.n_layer, fh, "layer");
+    layers[l].fp32_out_heads.push_back(parse_index(lh[1], c.model.n_head, fh, "head"));
+  }
+  return layers;
+}
+
+namespace {
 
 std::vector<uint8_t> tensor_bytes(Backend& be, const Tensor& t) {
   Tensor host = Tensor::empty(t.shape(), t.dtype());
@@ -118,6 +190,34 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+// model.init_from: the weights, checked against the config's model shape.
+ModelWeights load_init_weights(const Config& cfg) {
+  const std::string& path = cfg.model.init_from;
+  ModelWeights w;
+  try {
+    w = load_weights(path, cfg.model.n_head);
+  } catch (const std::exception& e) {
+    fail(cfg.source, ": model.init_from: ", e.what());
+  }
+  const GPT2Config& f = w.config;
+  const ModelSection& m = cfg.model;
+  std::string diff;
+  auto cmp = [&](const char* key, int file, int config) {
+    if (file != config)
+      diff += std::string(diff.empty() ? "" : ", ") + key + " " + std::to_string(file) +
+              " (config " + std::to_string(config) + ")";
+  };
+  cmp("n_layer", f.n_layer, m.n_layer);
+  cmp("n_head", f.n_head, m.n_head);
+  cmp("n_embd", f.n_embd, m.n_embd);
+  cmp("max_seq_len", f.max_seq_len, m.max_seq_len);
+  cmp("vocab_size", f.vocab_size, m.vocab_size);
+  if (!diff.empty())
+    fail(cfg.source, ": model.init_from '", path, "' holds a different model shape: ", diff,
+         " (set the model: keys to the file's values)");
+  return w;
+}
+
 class Run {
  public:
   Run(const Config& cfg, const TrainOptions& opt) : cfg_(cfg), opt_(opt) {}
@@ -141,6 +241,8 @@ class Run {
   std::unique_ptr<GPT2> model_;
   TokenData data_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
+  std::unique_ptr<Gpt2Tokenizer> tokenizer_;  // gpt2 data: decodes the sample
+  std::vector<std::string> data_notes_;        // data preparation lines, logged once open
   Rng rng_;
   int64_t step_ = 0;
   double elapsed_prev_ = 0;  // seconds from earlier invocations (resume)
@@ -191,7 +293,20 @@ void Run::build() {
   if (cfg_.hooks.every > 0)
     fail(cfg_.source, ": hooks.every = ", cfg_.hooks.every, ": stability hooks are not "
          "implemented yet (instrumentation issue); set hooks.every: 0");
-  data_ = load_text_bytes(cfg_.data.train_path, cfg_.data.val_path, cfg_.data.val_fraction);
+  DataSpec ds;
+  ds.train_path = cfg_.data.train_path;
+  ds.val_path = cfg_.data.val_path;
+  ds.format = cfg_.data.format;
+  ds.tokenizer = cfg_.data.tokenizer;
+  ds.tokenizer_dir = cfg_.data.tokenizer_dir;
+  ds.prepare_from = cfg_.data.prepare_from;
+  ds.val_fraction = cfg_.data.val_fraction;
+  data_ = load_token_data(ds, [this](const std::string& line) {
+    data_notes_.push_back(line);
+    if (opt_.console) std::printf("%s\n", line.c_str());
+  });
+  if (cfg_.data.tokenizer == "gpt2" && cfg_.train.sample_tokens > 0)
+    tokenizer_ = std::make_unique<Gpt2Tokenizer>(cfg_.data.tokenizer_dir);
   if (cfg_.model.vocab_size < data_.vocab_size)
     fail(cfg_.source, ": model.vocab_size = ", cfg_.model.vocab_size, " is smaller than the ",
          data_.vocab_size, " tokens of data.tokenizer '", cfg_.data.tokenizer, "'");
@@ -202,13 +317,18 @@ void Run::build() {
   mc.n_embd = cfg_.model.n_embd;
   mc.max_seq_len = cfg_.model.max_seq_len;
   mc.vocab_size = cfg_.model.vocab_size;
-  AttentionConfig ac;
-  ac.kind = parse_attention_kind(cfg_.attention.backend);
+  ModelWeights init;
+  if (!cfg_.model.init_from.empty()) {
+    init = load_init_weights(cfg_);
+    mc.padded_vocab_size = init.config.padded_vocab_size;  // llm.c files may pad differently
+  }
+  const std::vector<AttentionConfig> ac = attention_configs(cfg_);
   LossScalerConfig ls;
   ls.init_scale = static_cast<float>(cfg_.precision.loss_scale_init);
   ls.growth_interval = cfg_.precision.loss_scale_growth_interval;
   model_ = std::make_unique<GPT2>(mc, *be_, parse_dtype(cfg_.precision.compute), ac, ls);
   model_->init_weights(cfg_.run.seed);
+  if (!init.params.empty()) model_->set_master_fp32(init.params);
   const int B = cfg_.train.batch_size, T = cfg_.train.seq_len;
   train_loader_ = std::make_unique<DataLoader>(data_.train, B, T, cfg_.run.seed, true);
   val_loader_ = std::make_unique<DataLoader>(data_.val, B, T, cfg_.run.seed, false);
@@ -309,7 +429,8 @@ double Run::evaluate() {
 std::string Run::sample() {
   const int V = model_->config().vocab_size, Vp = model_->config().vp();
   const int maxT = std::min(model_->config().max_seq_len, cfg_.train.seq_len);
-  std::vector<int32_t> toks{'\n'};
+  // GPT-2 samples start from <|endoftext|> (a document start), byte-level ones from '\n'.
+  std::vector<int32_t> toks{tokenizer_ ? tokenizer_->eot() : int32_t{'\n'}};
   for (int i = 0; i < cfg_.train.sample_tokens; ++i) {
     const int start = std::max(0, static_cast<int>(toks.size()) - maxT);
     const int t = static_cast<int>(toks.size()) - start;
@@ -331,6 +452,7 @@ std::string Run::sample() {
       }
     toks.push_back(pick);
   }
+  if (tokenizer_) return tokenizer_->decode(toks.data() + 1, toks.size() - 1);
   return decode_bytes(toks);
 }
 
@@ -354,6 +476,7 @@ TrainResult Run::go() {
              cfg_.run.name, be_->name(), mc.n_layer, mc.n_head, mc.n_embd, mc.max_seq_len,
              mc.vocab_size, model_->num_params() / 1e6, cfg_.precision.compute);
   log_->info("data: {}", data_.description);
+  for (const std::string& l : data_notes_) log_->info("data: {}", l);
   if (!resume_from_.empty()) log_->info("resumed from {} at step {}", resume_from_, step_);
 
   TrainResult res;

@@ -1,0 +1,404 @@
+// The numerics lab: one head of baseline, flash (FlashAttention-2) and stabilized flash
+// attention with every rounding point explicit (formats in attention/numerics.h).
+//
+// Flash forward, row t, key tiles of Bc columns (query tiles do not change a row's
+// forward arithmetic: a fully masked tile leaves m, l and O~ exactly unchanged):
+//   S_s   = r_s(scale * r_s(q.k_s))          q.k accumulated in `mac`
+//   r_m   = max_s S_s; m' = r_m, or the stabilized shift (below); m_new = max(m, m')
+//   alpha = r_a(exp(r_s(m - m_new)))          (0 on the first tile)
+//   P~_s  = r_p(exp(r_s(S_s - m_new)))
+//   l     = r_a(r_a(alpha * l) + sum_s P~_s)   row sum accumulated in `mac`
+//   O~    = r_a(r_a(alpha * O~) + r_a(P~ V))   the tile's P~V accumulated in `mac`, then
+//                                             rounded to the accumulator's format (with a
+//                                             BF16 accumulator this is the rounding in which
+//                                             Qiu & Yao's bias arises)
+//   O = r_o(O~ / l); o32 = O~ / l in the wide format; lse = m + log l (wide)
+// r_s, r_a, r_p, r_o round to scores, accum, probs, out. Inner r_x(...) marks rounding of an
+// intermediate result, applied only under every_op / every_mac (n.round_ops).
+//
+// Stabilized flash (Qiu & Yao), per key tile before exponentiation: if more than one score
+// is within tie_tol of r_m, the tile's maximum is replaced by m' = beta*r_m (r_m > 0) or
+// 0 (r_m < 0). Exact arithmetic is unchanged (O and lse do not depend on the m used); in
+// rounded arithmetic the tied entries get P~ = exp(-shift) < 1 instead of exactly 1.
+// Underflow, defined: the shift m' - r_m is capped at max_shift (default
+// ln(1/min_normal(probs)) / 2: 43.7 for BF16/FP32, 4.85 for FP16), so P~ of the tied maxima
+// is at least sqrt(min_normal) and l > 0 always; without the cap beta = 7 and r_m = 20 give
+// exp(-120) = 0, l = 0 and O = 0/0. The cap changes nothing where the shift is below it.
+//
+// Backward (flash): P = r_p(exp(r_s(S - lse))) recomputed; dP = r_a(dO.v_s);
+// dS = r_g(P * r_a(dP - delta)); per (query tile, key tile) the partial sums of
+// dQ = dS K, dK = dS^T Q, dV = P^T dO are accumulated in `mac` and added to FP32-like
+// accumulators in `accum`; finally dQ, dK (times scale) and dV are rounded to `grads`.
+// Baseline backward uses the materialised P: dP = r_g(dO.v); delta = rowsum(P * dP);
+// dS = r_g(P * (dP - delta)); each gradient is one GEMM rounded once to `grads`.
+#include "attention/head_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace st {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+DType wide_of(const AttnNumerics& n) { return n.low == DType::F64 ? DType::F64 : DType::F32; }
+
+// Partial sums in format mac. The format test sits outside the loops so the FP32 and FP64
+// paths vectorise (axpy) or run a plain FMA chain (dot).
+inline void mac_sum(double& s, double a, DType mac) {
+  s = mac == DType::F64 ? s + a : round_fmt(s + a, mac);
+}
+
+double dot(const double* a, const double* b, int n, DType mac) {
+  if (mac == DType::F32) {
+    float s = 0;
+    for (int i = 0; i < n; ++i) s = std::fma(static_cast<float>(a[i]), static_cast<float>(b[i]), s);
+    return s;
+  }
+  double s = 0;
+  if (mac == DType::F64) {
+    for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  } else {
+    for (int i = 0; i < n; ++i) s = round_fmt(s + a[i] * b[i], mac);  // product exact in FP64
+  }
+  return s;
+}
+
+// acc[j] += w * x[j] for j < n, each acc[j] its own running sum in format mac.
+void axpy(double* acc, double w, const double* x, int n, DType mac) {
+  if (mac == DType::F32) {
+    const float wf = static_cast<float>(w);
+    for (int j = 0; j < n; ++j)
+      acc[j] = std::fma(wf, static_cast<float>(x[j]), static_cast<float>(acc[j]));
+  } else if (mac == DType::F64) {
+    for (int j = 0; j < n; ++j) acc[j] += w * x[j];
+  } else {
+    for (int j = 0; j < n; ++j) acc[j] = round_fmt(acc[j] + w * x[j], mac);
+  }
+}
+
+struct Ctx {
+  const AttentionConfig& cfg;
+  const AttnNumerics& n;
+  int T, d;
+  double scale;
+  int bc;  // key tile width
+  int br;  // query tile height
+  bool flash;
+  double rop(double x, DType f) const { return n.round_ops ? round_fmt(x, f) : x; }
+  int last_key(int t) const { return cfg.causal ? t : T - 1; }
+  double score(const double* q, const double* k) const {
+    return round_fmt(rop(dot(q, k, d, n.mac), n.scores) * scale, n.scores);
+  }
+};
+
+Ctx make_ctx(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d) {
+  ST_CHECK(T > 0 && d > 0, "attention head: T = ", T, ", d = ", d);
+  const bool flash = cfg.kind != AttentionKind::Baseline;
+  const int bc = flash && cfg.block_k > 0 ? cfg.block_k : T;
+  const int br = flash && cfg.block_q > 0 ? cfg.block_q : T;
+  // The scale as the kernel holds it: 1/sqrt(d) in the wide format.
+  const double scale = round_fmt(1.0 / std::sqrt(static_cast<double>(d)), wide_of(n));
+  return Ctx{cfg, n, T, d, scale, bc, br, flash};
+}
+
+std::vector<double> rounded(const double* x, size_t count, DType f) {
+  std::vector<double> r(x, x + count);
+  for (double& v : r) v = round_fmt(v, f);
+  return r;
+}
+
+double min_normal(DType f) {
+  switch (f) {
+    case DType::F16: return 6.103515625e-05;   // 2^-14
+    case DType::F64: return 2.2250738585072014e-308;
+    default: return 1.1754943508222875e-38;   // FP32 and BF16: 2^-126
+  }
+}
+
+// Row statistics from the row's scores (s <= last).
+void row_stats(const Ctx& c, const double* S, int last, AttentionHeadStats& st) {
+  double mx = kNegInf;
+  for (int s = 0; s <= last; ++s) mx = std::max(mx, S[s]);
+  int tied = 0, first_tile = -1;
+  bool same_tile = false;
+  for (int s = 0; s <= last; ++s)
+    if (S[s] >= mx - c.cfg.tie_tol) {
+      ++tied;
+      const int tile = s / c.bc;
+      if (first_tile == tile) same_tile = true;
+      if (first_tile < 0) first_tile = tile;
+    }
+  double sum = 0;
+  for (int s = 0; s <= last; ++s) sum += std::exp(S[s] - mx);
+  double h = 0;
+  for (int s = 0; s <= last; ++s) {
+    const double p = std::exp(S[s] - mx) / sum;
+    if (p > 0) h -= p * std::log(p);
+  }
+  st.max_logit = std::max(st.max_logit, mx);
+  ++st.rows;
+  st.tied_rows += tied > 1;
+  st.tied_in_tile += tied > 1 && same_tile;
+  st.entropy_sum += h;
+}
+
+void baseline_forward(const Ctx& c, const double* q, const double* k, const double* v,
+                      HeadForward& fw, bool want_stats) {
+  const auto& n = c.n;
+  const int T = c.T, d = c.d;
+  fw.P.assign(static_cast<size_t>(T) * T, 0.0);
+  std::vector<double> S(T), e(std::max(T, d));
+  for (int t = 0; t < T; ++t) {
+    const int last = c.last_key(t);
+    double mx = kNegInf;
+    for (int s = 0; s <= last; ++s) {
+      S[s] = c.score(q + t * d, k + s * d);
+      mx = std::max(mx, S[s]);
+    }
+    double sum = 0;
+    for (int s = 0; s <= last; ++s) {
+      e[s] = round_fmt(std::exp(c.rop(S[s] - mx, n.scores)), n.accum);
+      mac_sum(sum, e[s], n.mac);
+    }
+    sum = round_fmt(sum, n.accum);
+    double* P = fw.P.data() + static_cast<size_t>(t) * T;
+    for (int s = 0; s <= last; ++s) P[s] = round_fmt(e[s] / sum, n.probs);
+    fw.lse[t] = round_fmt(mx + std::log(sum), wide_of(n));
+    std::fill(e.begin(), e.begin() + d, 0.0);  // reused as the output row accumulator
+    for (int s = 0; s <= last; ++s) axpy(e.data(), P[s], v + s * d, d, n.mac);
+    for (int j = 0; j < d; ++j) {
+      fw.o32[t * d + j] = round_fmt(e[j], wide_of(n));
+      fw.o[t * d + j] = round_fmt(e[j], n.out);
+    }
+    if (want_stats) {
+      row_stats(c, S.data(), last, fw.stats);
+      for (int s = 0; s <= last; ++s) fw.stats.p_one += P[s] == 1.0;
+    }
+  }
+}
+
+void flash_forward(const Ctx& c, const double* q, const double* k, const double* v,
+                   HeadForward& fw, bool want_stats) {
+  const auto& n = c.n;
+  const int T = c.T, d = c.d;
+  const bool stab = c.cfg.kind == AttentionKind::StabilizedFlash;
+  const double cap = stabilized_max_shift(c.cfg, n.probs);
+  std::vector<double> S(T), P(c.bc), acc(d), pv(d);
+  for (int t = 0; t < T; ++t) {
+    const int last = c.last_key(t);
+    double m = kNegInf, l = 0;
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int c0 = 0; c0 <= last; c0 += c.bc) {
+      const int c1 = std::min(c0 + c.bc, last + 1);
+      double rm = kNegInf;
+      for (int s = c0; s < c1; ++s) {
+        S[s] = c.score(q + t * d, k + s * d);
+        rm = std::max(rm, S[s]);
+      }
+      double mp = rm;
+      if (stab) {
+        int ties = 0;
+        for (int s = c0; s < c1; ++s) ties += S[s] >= rm - c.cfg.tie_tol;
+        if (ties > 1 && rm != 0.0) {
+          const double shift = rm > 0 ? (c.cfg.beta - 1.0) * rm : -rm;
+          mp = round_fmt(rm + std::min(shift, cap), n.accum);
+        }
+      }
+      const double m_new = std::max(m, mp);
+      const double alpha = m == kNegInf ? 0.0 : round_fmt(std::exp(c.rop(m - m_new, n.scores)), n.accum);
+      double rowsum = 0;
+      for (int s = c0; s < c1; ++s) {
+        P[s - c0] = round_fmt(std::exp(c.rop(S[s] - m_new, n.scores)), n.probs);
+        mac_sum(rowsum, P[s - c0], n.mac);
+        if (want_stats) fw.stats.p_one += P[s - c0] == 1.0;
+      }
+      l = round_fmt(c.rop(alpha * l, n.accum) + rowsum, n.accum);
+      std::fill(pv.begin(), pv.end(), 0.0);
+      for (int s = c0; s < c1; ++s) axpy(pv.data(), P[s - c0], v + s * d, d, n.mac);
+      for (int j = 0; j < d; ++j)
+        acc[j] = round_fmt(c.rop(alpha * acc[j], n.accum) + round_fmt(pv[j], n.accum), n.accum);
+      m = m_new;
+    }
+    for (int j = 0; j < d; ++j) {
+      fw.o32[t * d + j] = round_fmt(acc[j] / l, wide_of(n));
+      fw.o[t * d + j] = round_fmt(acc[j] / l, n.out);
+    }
+    fw.lse[t] = round_fmt(m + std::log(l), wide_of(n));
+    if (want_stats) row_stats(c, S.data(), last, fw.stats);
+  }
+}
+
+}  // namespace
+
+double stabilized_max_shift(const AttentionConfig& cfg, DType probs) {
+  return cfg.max_shift > 0 ? cfg.max_shift : 0.5 * std::log(1.0 / min_normal(probs));
+}
+
+void head_forward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
+                  const double* q, const double* k, const double* v, HeadForward& fw,
+                  bool want_stats) {
+  const Ctx c = make_ctx(cfg, n, T, d);
+  const size_t td = static_cast<size_t>(T) * d;
+  const auto qr = rounded(q, td, n.qkv), kr = rounded(k, td, n.qkv), vr = rounded(v, td, n.qkv);
+  fw.o.assign(td, 0.0);
+  fw.o32.assign(td, 0.0);
+  fw.lse.assign(T, 0.0);
+  fw.P.clear();
+  fw.stats = AttentionHeadStats{};
+  if (c.flash)
+    flash_forward(c, qr.data(), kr.data(), vr.data(), fw, want_stats);
+  else
+    baseline_forward(c, qr.data(), kr.data(), vr.data(), fw, want_stats);
+}
+
+namespace {
+
+// P and dP of row t against keys [c0, c1) as the flash backward recomputes them.
+void flash_row_p_dp(const Ctx& c, const double* q, const double* k, const double* v,
+                    const double* dout, double lse, int t, int c0, int c1, double* P,
+                    double* dP) {
+  const auto& n = c.n;
+  for (int s = c0; s < c1; ++s) {
+    const double S = c.score(q + t * c.d, k + s * c.d);
+    P[s - c0] = round_fmt(std::exp(c.rop(S - lse, n.scores)), n.probs);
+    dP[s - c0] = round_fmt(dot(dout + t * c.d, v + s * c.d, c.d, n.mac), n.accum);
+  }
+}
+
+}  // namespace
+
+std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
+                                const double* q, const double* k, const double* v,
+                                const HeadForward& fw, const double* dout) {
+  const Ctx c = make_ctx(cfg, n, T, d);
+  const size_t td = static_cast<size_t>(T) * d;
+  std::vector<double> delta(T);
+  if (!c.flash || n.delta == DeltaMode::DpP) {
+    const auto qr = rounded(q, td, n.qkv), kr = rounded(k, td, n.qkv), vr = rounded(v, td, n.qkv);
+    const auto dor = rounded(dout, td, n.grads);
+    std::vector<double> P(T), dP(T);
+    for (int t = 0; t < T; ++t) {
+      const int last = c.last_key(t);
+      if (c.flash) {
+        flash_row_p_dp(c, qr.data(), kr.data(), vr.data(), dor.data(), fw.lse[t], t, 0, last + 1,
+                       P.data(), dP.data());
+      } else {
+        for (int s = 0; s <= last; ++s) {
+          P[s] = fw.P[static_cast<size_t>(t) * T + s];
+          dP[s] = round_fmt(dot(dor.data() + t * d, vr.data() + s * d, d, n.mac), n.grads);
+        }
+      }
+      double acc = 0;
+      acc = dot(dP.data(), P.data(), last + 1, n.mac);
+      delta[t] = round_fmt(acc, n.accum);
+    }
+    return delta;
+  }
+  std::vector<double> ofp;  // the O that delta is formed from
+  switch (n.delta) {
+    case DeltaMode::O: ofp = fw.o; break;
+    case DeltaMode::OFp32: ofp = fw.o32; break;
+    case DeltaMode::OSplit:
+      ofp = fw.o32;
+      for (double& o : ofp) {
+        const double hi = round_fmt(o, n.low);
+        o = hi + round_fmt(o - hi, n.low);
+      }
+      break;
+    case DeltaMode::Fp32Recompute: {
+      // The same algorithm with every point in the wide format.
+      AttnNumerics w = n;
+      w.qkv = n.qkv;  // Q, K, V are what they are; the arithmetic is wide
+      w.scores = w.probs = w.accum = w.out = w.mac = wide_of(n);
+      w.round_ops = false;
+      HeadForward re;
+      head_forward(cfg, w, T, d, q, k, v, re);
+      ofp = re.o;
+      break;
+    }
+    default: break;
+  }
+  const auto dor = rounded(dout, td, n.grads);
+  for (int t = 0; t < T; ++t) {
+    double acc = 0;
+    acc = dot(dor.data() + t * d, ofp.data() + t * d, d, n.mac);
+    delta[t] = round_fmt(acc, n.accum);
+  }
+  return delta;
+}
+
+void head_backward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
+                   const double* q, const double* k, const double* v, const HeadForward& fw,
+                   const double* dout, double* dq, double* dk, double* dv) {
+  const Ctx c = make_ctx(cfg, n, T, d);
+  const size_t td = static_cast<size_t>(T) * d;
+  const auto qr = rounded(q, td, n.qkv), kr = rounded(k, td, n.qkv), vr = rounded(v, td, n.qkv);
+  const auto dor = rounded(dout, td, n.grads);
+  const std::vector<double> delta = head_deltas(cfg, n, T, d, q, k, v, fw, dout);
+  const DType acc_f = c.flash ? n.accum : n.mac;  // baseline: one GEMM, one rounding
+  std::vector<double> aq(td, 0.0), ak(td, 0.0), av(td, 0.0);
+  std::vector<double> P(static_cast<size_t>(c.br) * c.bc), dS(P.size()), dP(c.bc);
+  std::vector<double> part(d), pv(d);
+  for (int r0 = 0; r0 < T; r0 += c.br) {
+    const int r1 = std::min(r0 + c.br, T);
+    const int key_end = c.cfg.causal ? r1 : T;
+    for (int c0 = 0; c0 < key_end; c0 += c.bc) {
+      const int c1 = std::min(c0 + c.bc, key_end);
+      // P and dS of the (query tile, key tile) block; masked entries are 0.
+      for (int t = r0; t < r1; ++t) {
+        double* Pr = P.data() + static_cast<size_t>(t - r0) * c.bc;
+        double* dSr = dS.data() + static_cast<size_t>(t - r0) * c.bc;
+        std::fill(Pr, Pr + c.bc, 0.0);
+        std::fill(dSr, dSr + c.bc, 0.0);
+        const int hi = std::min(c1, c.last_key(t) + 1);
+        if (hi <= c0) continue;
+        if (c.flash) {
+          flash_row_p_dp(c, qr.data(), kr.data(), vr.data(), dor.data(), fw.lse[t], t, c0, hi,
+                         Pr, dP.data());
+        } else {
+          for (int s = c0; s < hi; ++s) {
+            Pr[s - c0] = fw.P[static_cast<size_t>(t) * T + s];
+            dP[s - c0] = round_fmt(dot(dor.data() + t * d, vr.data() + s * d, d, n.mac), n.grads);
+          }
+        }
+        for (int s = c0; s < hi; ++s)
+          dSr[s - c0] =
+              round_fmt(Pr[s - c0] * c.rop(dP[s - c0] - delta[t], n.accum), n.grads);
+      }
+      // dQ rows: partial over this key tile, added to the row accumulator.
+      for (int t = r0; t < r1; ++t) {
+        const double* dSr = dS.data() + static_cast<size_t>(t - r0) * c.bc;
+        std::fill(part.begin(), part.end(), 0.0);
+        const int hi = std::min(c1, c.last_key(t) + 1);  // masked keys contribute nothing
+        for (int s = c0; s < hi; ++s) axpy(part.data(), dSr[s - c0], kr.data() + s * d, d, n.mac);
+        for (int j = 0; j < d; ++j) aq[t * d + j] = round_fmt(aq[t * d + j] + part[j], acc_f);
+      }
+      // dK, dV rows: partial over this query tile.
+      for (int s = c0; s < c1; ++s) {
+        std::fill(part.begin(), part.end(), 0.0);
+        std::fill(pv.begin(), pv.end(), 0.0);
+        for (int t = c.cfg.causal ? std::max(r0, s) : r0; t < r1; ++t) {
+          const double w = dS[static_cast<size_t>(t - r0) * c.bc + (s - c0)];
+          const double p = P[static_cast<size_t>(t - r0) * c.bc + (s - c0)];
+          axpy(part.data(), w, qr.data() + t * d, d, n.mac);
+          axpy(pv.data(), p, dor.data() + t * d, d, n.mac);
+        }
+        for (int j = 0; j < d; ++j) {
+          ak[s * d + j] = round_fmt(ak[s * d + j] + part[j], acc_f);
+          av[s * d + j] = round_fmt(av[s * d + j] + pv[j], acc_f);
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < td; ++i) {
+    dq[i] = round_fmt(aq[i] * c.scale, n.grads);
+    dk[i] = round_fmt(ak[i] * c.scale, n.grads);
+    dv[i] = round_fmt(av[i], n.grads);
+  }
+}
+
+}  // namespace st

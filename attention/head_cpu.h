@@ -1,0 +1,38 @@
+// One attention head, forward and backward, for every backend and rounding rule: the
+// numerics lab behind the CPU attention backends, attn_deviation and the bias experiments.
+// Values travel in FP64 and are rounded to their format at each rounding point, so the
+// same code runs every format (BF16, FP16, FP32, FP64) and every rule.
+#pragma once
+#include <vector>
+
+#include "attention/attention.h"
+
+namespace st {
+
+struct HeadForward {
+  std::vector<double> o;    // (T, d) stored O, in format n.out
+  std::vector<double> lse;  // (T) natural log-sum-exp of the scaled scores, in the wide format
+  std::vector<double> o32;  // (T, d) O before its final rounding, in the wide format (flash)
+  std::vector<double> P;    // (T, T) materialised probabilities (baseline only)
+  AttentionHeadStats stats;
+};
+
+// q, k, v: (T, d) row-major; rounded to n.qkv on entry. The wide format (FP32, or FP64 when
+// n.low is FP64) holds lse and o32.
+void head_forward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
+                  const double* q, const double* k, const double* v, HeadForward& fw,
+                  bool want_stats = false);
+// dout: (T, d). Writes dq, dk, dv (T, d) in format n.grads. fw is this head's forward.
+void head_backward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
+                   const double* q, const double* k, const double* v, const HeadForward& fw,
+                   const double* dout, double* dq, double* dk, double* dv);
+// delta_t for every row as the backward forms it under n.delta (dp_p: rowsum(dP * P) with
+// P recomputed from lse), in format n.accum. head_backward uses exactly these values.
+std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
+                                const double* q, const double* k, const double* v,
+                                const HeadForward& fw, const double* dout);
+
+// The shift cap used by stabilized flash for P~ in format f (see head_cpu.cpp).
+double stabilized_max_shift(const AttentionConfig& cfg, DType probs);
+
+}  // namespace st

@@ -1,0 +1,95 @@
+#include "attention/numerics.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace st {
+
+RoundingRule parse_rounding_rule(const std::string& s) {
+  if (s == "gpu") return RoundingRule::Gpu;
+  if (s == "every_op") return RoundingRule::EveryOp;
+  if (s == "every_mac") return RoundingRule::EveryMac;
+  fail("unknown attention rounding rule '", s, "' (expected gpu, every_op or every_mac)");
+}
+
+const char* rounding_rule_name(RoundingRule r) {
+  switch (r) {
+    case RoundingRule::Gpu: return "gpu";
+    case RoundingRule::EveryOp: return "every_op";
+    case RoundingRule::EveryMac: return "every_mac";
+  }
+  return "?";
+}
+
+DeltaMode parse_delta_mode(const std::string& s) {
+  if (s == "o") return DeltaMode::O;
+  if (s == "o_split") return DeltaMode::OSplit;
+  if (s == "o_fp32") return DeltaMode::OFp32;
+  if (s == "dp_p") return DeltaMode::DpP;
+  if (s == "fp32_recompute") return DeltaMode::Fp32Recompute;
+  fail("unknown delta mode '", s, "' (expected o, o_split, o_fp32, dp_p or fp32_recompute)");
+}
+
+const char* delta_mode_name(DeltaMode d) {
+  switch (d) {
+    case DeltaMode::O: return "o";
+    case DeltaMode::OSplit: return "o_split";
+    case DeltaMode::OFp32: return "o_fp32";
+    case DeltaMode::DpP: return "dp_p";
+    case DeltaMode::Fp32Recompute: return "fp32_recompute";
+  }
+  return "?";
+}
+
+std::string AttnNumerics::describe() const {
+  std::ostringstream os;
+  os << "qkv=" << dtype_name(qkv) << " scores=" << dtype_name(scores)
+     << " probs=" << dtype_name(probs) << " accum=" << dtype_name(accum)
+     << " out=" << dtype_name(out) << " mac=" << dtype_name(mac)
+     << " grads=" << dtype_name(grads) << (round_ops ? " round_ops" : "")
+     << " delta=" << delta_mode_name(delta);
+  return os.str();
+}
+
+AttnNumerics numerics_for_rule(RoundingRule rule, DType f, bool flash_like) {
+  AttnNumerics n;
+  const DType wide = f == DType::F64 ? DType::F64 : DType::F32;  // the accumulator format
+  n.low = n.qkv = n.probs = n.out = n.grads = f;
+  n.mac = wide;
+  if (rule == RoundingRule::Gpu) {
+    n.scores = flash_like ? wide : f;  // flash keeps S in registers; baseline stores it
+    n.accum = wide;
+  } else {
+    n.scores = n.accum = f;
+    n.round_ops = true;
+    if (rule == RoundingRule::EveryMac) n.mac = f;
+  }
+  return n;
+}
+
+double round_fmt(double x, DType f) {
+  switch (f) {
+    case DType::F64: return x;
+    case DType::F32: return static_cast<double>(static_cast<float>(x));
+    case DType::BF16:
+    case DType::F16: {
+      if (!std::isfinite(x)) return static_cast<double>(static_cast<float>(x));
+      // Round to odd at FP32: truncate toward zero, then set the last bit if inexact.
+      float t = static_cast<float>(x);
+      if (std::fabs(static_cast<double>(t)) > std::fabs(x)) t = std::nextafter(t, 0.0f);
+      if (static_cast<double>(t) != x) {
+        uint32_t u;
+        std::memcpy(&u, &t, 4);
+        u |= 1u;
+        std::memcpy(&t, &u, 4);
+      }
+      return f == DType::BF16 ? round_bf16(t) : round_fp16(t);
+    }
+    default: fail("round_fmt: ", dtype_name(f), " is not a floating-point format");
+  }
+}
+
+}  // namespace st

@@ -1,0 +1,60 @@
+// Where attention rounds. Every named quantity has a format; every arithmetic result that
+// produces it is rounded to that format (round-to-nearest-even, correctly rounded from the
+// exact FP64 value); sums inside matmuls and row reductions keep partial sums in `mac`.
+//
+// Rules (RESEARCH.md section 4), for the low format f (the model's compute format):
+//   gpu       what CUDA kernels do. Matmuls accumulate in FP32. Baseline materialises S and P
+//             in f; flash keeps S, the running max m, the sum l and the output accumulator O~
+//             in FP32 and rounds only P~ (fed to P~V) and the final O.
+//   every_op  every op's result rounded to f, flash's O~ and l after each key tile too;
+//             matmuls still accumulate in FP32 inside.
+//   every_mac every_op, and every multiply-add inside the matmuls rounded to f as well.
+// Individual formats can be overridden after the rule is applied (e.g. accum: bf16 is the
+// paper's implementation, whose O~ accumulator is a BF16 tensor).
+#pragma once
+#include <string>
+
+#include "core/dtype.h"
+
+namespace st {
+
+enum class RoundingRule { Gpu, EveryOp, EveryMac };
+RoundingRule parse_rounding_rule(const std::string& s);  // gpu | every_op | every_mac
+const char* rounding_rule_name(RoundingRule r);
+
+// How the backward's delta = rowsum(dO * O) is formed (flash backends; baseline never uses O).
+enum class DeltaMode {
+  O,              // from the stored O (format `out`)
+  OSplit,         // O kept as round_f(O32) plus a residual round_f(O32 - round_f(O32))
+  OFp32,          // from the forward's O in FP32, before the final rounding
+  DpP,            // rowsum(dP * P), no O at all
+  Fp32Recompute,  // O recomputed in FP32 from Q, K, V in the backward
+};
+DeltaMode parse_delta_mode(const std::string& s);  // o | o_split | o_fp32 | dp_p | fp32_recompute
+const char* delta_mode_name(DeltaMode d);
+
+// Resolved formats of every rounding point.
+struct AttnNumerics {
+  DType low = DType::F32;     // the rule's low format f (o_split splits O in it)
+  DType qkv = DType::F32;     // Q, K, V as read
+  DType scores = DType::F32;  // S = scale * q.k (and S - m)
+  DType probs = DType::F32;   // P (baseline) / P~ = exp(S - m) fed to P~V (flash)
+  DType accum = DType::F32;   // flash: O~, l, rescale factors; baseline: exp and row sum
+  DType out = DType::F32;     // stored O
+  DType mac = DType::F32;     // partial sums inside matmuls and row sums
+  DType grads = DType::F32;   // stored dQ, dK, dV, dS, dP
+  bool round_ops = false;     // every_op/every_mac: intermediate results (a*b, a+b) rounded too
+  DeltaMode delta = DeltaMode::O;
+  std::string describe() const;  // "qkv=bf16 scores=fp32 ... delta=o"
+};
+
+// Defaults for a backend under a rule, with f the low format. flash_like selects flash's
+// formats for S, l and O~ (baseline has no accumulator).
+AttnNumerics numerics_for_rule(RoundingRule rule, DType f, bool flash_like);
+
+// x rounded to format f, correctly (one rounding from the exact value): FP32 by the
+// hardware conversion; BF16/FP16 via round-to-odd to FP32 then RNE, which cannot double-round
+// because FP32 keeps at least two more bits than either.
+double round_fmt(double x, DType f);
+
+}  // namespace st
