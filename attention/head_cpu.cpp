@@ -80,6 +80,22 @@ void axpy(double* acc, double w, const double* x, int n, DType mac) {
   }
 }
 
+// out[s - c0] = a . b_s for s in [c0, c1), with b given transposed (bt: d x T). Each
+// output runs the same sequential sum over j as dot(a, b_s), so results are identical to
+// it; the loop over s vectorises.
+void row_dots(const double* a, const double* bt, int T, int c0, int c1, int d, DType mac,
+              double* out) {
+  std::fill(out, out + (c1 - c0), 0.0);
+  for (int j = 0; j < d; ++j) axpy(out, a[j], bt + static_cast<size_t>(j) * T + c0, c1 - c0, mac);
+}
+
+std::vector<double> transpose(const std::vector<double>& x, int T, int d) {
+  std::vector<double> t(x.size());
+  for (int r = 0; r < T; ++r)
+    for (int j = 0; j < d; ++j) t[static_cast<size_t>(j) * T + r] = x[static_cast<size_t>(r) * d + j];
+  return t;
+}
+
 struct Ctx {
   const AttentionConfig& cfg;
   const AttnNumerics& n;
@@ -90,8 +106,10 @@ struct Ctx {
   bool flash;
   double rop(double x, DType f) const { return n.round_ops ? round_fmt(x, f) : x; }
   int last_key(int t) const { return cfg.causal ? t : T - 1; }
-  double score(const double* q, const double* k) const {
-    return round_fmt(rop(dot(q, k, d, n.mac), n.scores) * scale, n.scores);
+  // S[s] for keys [c0, c1) of the query row q; kt is K transposed (d x T).
+  void score_row(const double* q, const double* kt, int c0, int c1, double* S) const {
+    row_dots(q, kt, T, c0, c1, d, n.mac, S + c0);
+    for (int s = c0; s < c1; ++s) S[s] = round_fmt(rop(S[s], n.scores) * scale, n.scores);
   }
 };
 
@@ -146,7 +164,7 @@ void row_stats(const Ctx& c, const double* S, int last, AttentionHeadStats& st) 
   st.entropy_sum += h;
 }
 
-void baseline_forward(const Ctx& c, const double* q, const double* k, const double* v,
+void baseline_forward(const Ctx& c, const double* q, const double* kt, const double* v,
                       HeadForward& fw, bool want_stats) {
   const auto& n = c.n;
   const int T = c.T, d = c.d;
@@ -155,10 +173,8 @@ void baseline_forward(const Ctx& c, const double* q, const double* k, const doub
   for (int t = 0; t < T; ++t) {
     const int last = c.last_key(t);
     double mx = kNegInf;
-    for (int s = 0; s <= last; ++s) {
-      S[s] = c.score(q + t * d, k + s * d);
-      mx = std::max(mx, S[s]);
-    }
+    c.score_row(q + t * d, kt, 0, last + 1, S.data());
+    for (int s = 0; s <= last; ++s) mx = std::max(mx, S[s]);
     double sum = 0;
     for (int s = 0; s <= last; ++s) {
       e[s] = round_fmt(std::exp(c.rop(S[s] - mx, n.scores)), n.accum);
@@ -181,7 +197,7 @@ void baseline_forward(const Ctx& c, const double* q, const double* k, const doub
   }
 }
 
-void flash_forward(const Ctx& c, const double* q, const double* k, const double* v,
+void flash_forward(const Ctx& c, const double* q, const double* kt, const double* v,
                    HeadForward& fw, bool want_stats) {
   const auto& n = c.n;
   const int T = c.T, d = c.d;
@@ -195,10 +211,8 @@ void flash_forward(const Ctx& c, const double* q, const double* k, const double*
     for (int c0 = 0; c0 <= last; c0 += c.bc) {
       const int c1 = std::min(c0 + c.bc, last + 1);
       double rm = kNegInf;
-      for (int s = c0; s < c1; ++s) {
-        S[s] = c.score(q + t * d, k + s * d);
-        rm = std::max(rm, S[s]);
-      }
+      c.score_row(q + t * d, kt, c0, c1, S.data());
+      for (int s = c0; s < c1; ++s) rm = std::max(rm, S[s]);
       double mp = rm;
       if (stab) {
         int ties = 0;
@@ -249,23 +263,26 @@ void head_forward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int 
   fw.lse.assign(T, 0.0);
   fw.P.clear();
   fw.stats = AttentionHeadStats{};
+  const auto kt = transpose(kr, T, d);
   if (c.flash)
-    flash_forward(c, qr.data(), kr.data(), vr.data(), fw, want_stats);
+    flash_forward(c, qr.data(), kt.data(), vr.data(), fw, want_stats);
   else
-    baseline_forward(c, qr.data(), kr.data(), vr.data(), fw, want_stats);
+    baseline_forward(c, qr.data(), kt.data(), vr.data(), fw, want_stats);
 }
 
 namespace {
 
 // P and dP of row t against keys [c0, c1) as the flash backward recomputes them.
-void flash_row_p_dp(const Ctx& c, const double* q, const double* k, const double* v,
+// kt, vt: K and V transposed (d x T). P and dP are indexed from c0.
+void flash_row_p_dp(const Ctx& c, const double* q, const double* kt, const double* vt,
                     const double* dout, double lse, int t, int c0, int c1, double* P,
                     double* dP) {
   const auto& n = c.n;
+  c.score_row(q + t * c.d, kt, c0, c1, P - c0);
+  row_dots(dout + t * c.d, vt, c.T, c0, c1, c.d, n.mac, dP);
   for (int s = c0; s < c1; ++s) {
-    const double S = c.score(q + t * c.d, k + s * c.d);
-    P[s - c0] = round_fmt(std::exp(c.rop(S - lse, n.scores)), n.probs);
-    dP[s - c0] = round_fmt(dot(dout + t * c.d, v + s * c.d, c.d, n.mac), n.accum);
+    P[s - c0] = round_fmt(std::exp(c.rop(P[s - c0] - lse, n.scores)), n.probs);
+    dP[s - c0] = round_fmt(dP[s - c0], n.accum);
   }
 }
 
@@ -280,16 +297,18 @@ std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& 
   if (!c.flash || n.delta == DeltaMode::DpP) {
     const auto qr = rounded(q, td, n.qkv), kr = rounded(k, td, n.qkv), vr = rounded(v, td, n.qkv);
     const auto dor = rounded(dout, td, n.grads);
+    const auto kt = transpose(kr, T, d), vt = transpose(vr, T, d);
     std::vector<double> P(T), dP(T);
     for (int t = 0; t < T; ++t) {
       const int last = c.last_key(t);
       if (c.flash) {
-        flash_row_p_dp(c, qr.data(), kr.data(), vr.data(), dor.data(), fw.lse[t], t, 0, last + 1,
+        flash_row_p_dp(c, qr.data(), kt.data(), vt.data(), dor.data(), fw.lse[t], t, 0, last + 1,
                        P.data(), dP.data());
       } else {
+        row_dots(dor.data() + t * d, vt.data(), T, 0, last + 1, d, n.mac, dP.data());
         for (int s = 0; s <= last; ++s) {
           P[s] = fw.P[static_cast<size_t>(t) * T + s];
-          dP[s] = round_fmt(dot(dor.data() + t * d, vr.data() + s * d, d, n.mac), n.grads);
+          dP[s] = round_fmt(dP[s], n.grads);
         }
       }
       double acc = 0;
@@ -338,6 +357,7 @@ void head_backward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int
   const size_t td = static_cast<size_t>(T) * d;
   const auto qr = rounded(q, td, n.qkv), kr = rounded(k, td, n.qkv), vr = rounded(v, td, n.qkv);
   const auto dor = rounded(dout, td, n.grads);
+  const auto kt = transpose(kr, T, d), vt = transpose(vr, T, d);
   const std::vector<double> delta = head_deltas(cfg, n, T, d, q, k, v, fw, dout);
   const DType acc_f = c.flash ? n.accum : n.mac;  // baseline: one GEMM, one rounding
   std::vector<double> aq(td, 0.0), ak(td, 0.0), av(td, 0.0);
@@ -357,12 +377,13 @@ void head_backward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int
         const int hi = std::min(c1, c.last_key(t) + 1);
         if (hi <= c0) continue;
         if (c.flash) {
-          flash_row_p_dp(c, qr.data(), kr.data(), vr.data(), dor.data(), fw.lse[t], t, c0, hi,
+          flash_row_p_dp(c, qr.data(), kt.data(), vt.data(), dor.data(), fw.lse[t], t, c0, hi,
                          Pr, dP.data());
         } else {
+          row_dots(dor.data() + t * d, vt.data(), T, c0, hi, d, n.mac, dP.data());
           for (int s = c0; s < hi; ++s) {
             Pr[s - c0] = fw.P[static_cast<size_t>(t) * T + s];
-            dP[s - c0] = round_fmt(dot(dor.data() + t * d, vr.data() + s * d, d, n.mac), n.grads);
+            dP[s - c0] = round_fmt(dP[s - c0], n.grads);
           }
         }
         for (int s = c0; s < hi; ++s)
