@@ -199,3 +199,41 @@ TEST(Schedule, WarmupThenCosine) {
   EXPECT_FLOAT_EQ(s.at(500), 1e-5f);
   for (int i = 11; i < 110; ++i) EXPECT_LE(s.at(i), s.at(i - 1));
 }
+
+TEST(Model, Fp32FlashAndBaselineAgreeAtStepZero) {
+  // Same weights, same batch: in FP32 the backends differ only in summation order and in
+  // flash's online rescaling, so loss and every gradient agree to ~1e-6 relative.
+  auto be = make_cpu_backend();
+  std::vector<int32_t> tok, tgt;
+  batch(tok, tgt, 2 * 16, 61, 8);
+  std::vector<double> grads[3];
+  double loss[3];
+  const AttentionKind kinds[] = {AttentionKind::Baseline, AttentionKind::Flash,
+                                 AttentionKind::StabilizedFlash};
+  for (int i = 0; i < 3; ++i) {
+    AttentionConfig ac;
+    ac.kind = kinds[i];
+    ac.block_q = 4;  // several tiles at T = 16, with masked ones
+    ac.block_k = 8;
+    GPT2 m(tiny(), *be, DType::F32, ac);
+    m.init_weights(21);
+    m.zero_grad();
+    m.forward(tok.data(), tgt.data(), 2, 16);
+    loss[i] = m.mean_loss();
+    m.backward();
+    grads[i] = flat_grads(m);
+  }
+  for (int i = 1; i < 3; ++i) {
+    double num = 0, den = 0;
+    for (size_t j = 0; j < grads[0].size(); ++j) {
+      num += (grads[i][j] - grads[0][j]) * (grads[i][j] - grads[0][j]);
+      den += grads[0][j] * grads[0][j];
+    }
+    const double rel = std::sqrt(num / den);
+    std::printf("%s vs baseline: |loss diff| %.3e, gradient relative L2 diff %.3e\n",
+                attention_kind_name(kinds[i]), std::fabs(loss[i] - loss[0]), rel);
+    EXPECT_LT(std::fabs(loss[i] - loss[0]), 1e-6 * loss[0]);
+    EXPECT_LT(rel, 3e-6);
+    EXPECT_GT(rel, 0.0) << "identical bits: the backends did not really differ";
+  }
+}

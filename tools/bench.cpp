@@ -2,6 +2,9 @@
 //   bench step [--precision fp32,bf16] [--B 4] [--T 64] [--steps 5] [--layers 12 ...]
 // Each precision runs in its own child process so that its peak memory is its own.
 // Prints: measured time, the comparison figure, and their ratio.
+//   bench backends [--steps 200] [--precision fp32,bf16] [--data FILE]
+// trains the same small GPT-2 on the same Tiny Shakespeare byte batches with each attention
+// backend and reports how far their loss curves drift apart (a report, not a pass/fail).
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -9,7 +12,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <vector>
 
@@ -103,6 +109,81 @@ StepResult measure_in_child(const GPT2Config& cfg, DType prec, int B, int T, int
   return r;
 }
 
+// Loss curves of one small model per backend, same init and batches.
+int run_backends(const std::string& data_path, const std::string& precisions, int steps,
+                 int threads) {
+  std::ifstream f(data_path, std::ios::binary);
+  ST_CHECK(f, "bench backends: cannot read --data ", data_path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  GPT2Config cfg;
+  cfg.n_layer = 4;
+  cfg.n_head = 4;
+  cfg.n_embd = 128;
+  cfg.max_seq_len = 128;
+  cfg.vocab_size = 256;
+  const int B = 8, T = 128;
+  ST_CHECK(text.size() > static_cast<size_t>(B * T + 1) * 4, "bench backends: data too short");
+  const AttentionKind kinds[] = {AttentionKind::Baseline, AttentionKind::Flash,
+                                 AttentionKind::StabilizedFlash};
+  std::printf("GPT-2 L=4 H=4 C=128 T=128 B=%d on %s bytes, lr 2e-3, %d steps; "
+              "flash tiles 64x64, stabilized beta 2\n", B, data_path.c_str(), steps);
+  std::stringstream ss(precisions);
+  for (std::string p; std::getline(ss, p, ',');) {
+    const DType prec = parse_dtype(p);
+    std::vector<std::vector<float>> curves;
+    std::vector<double> secs;
+    for (AttentionKind k : kinds) {
+      auto be = make_cpu_backend(threads);
+      AttentionConfig ac;
+      ac.kind = k;
+      GPT2 m(cfg, *be, prec, ac);
+      m.init_weights(1337);
+      Rng rng(7);
+      std::vector<int32_t> x(B * T), y(B * T);
+      OptimConfig opt;
+      opt.weight_decay = 0.1f;
+      std::vector<float> losses;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) {
+        for (int b = 0; b < B; ++b) {
+          const size_t off = rng.below(text.size() - T - 1);
+          for (int t = 0; t < T; ++t) {
+            x[b * T + t] = static_cast<unsigned char>(text[off + t]);
+            y[b * T + t] = static_cast<unsigned char>(text[off + t + 1]);
+          }
+        }
+        m.zero_grad();
+        losses.push_back(m.forward(x.data(), y.data(), B, T));
+        m.backward();
+        m.step(2e-3f * std::min(1.0f, (s + 1) / 20.0f), opt);
+      }
+      secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      curves.push_back(losses);
+    }
+    std::printf("\n[%s] loss by step\n%6s %10s %10s %10s %14s %14s\n", dtype_name(prec), "step",
+                "baseline", "flash", "stabilized", "flash-base", "stab-base");
+    for (int s = 0; s < steps; ++s)
+      if (s == 0 || (s + 1) % 20 == 0)
+        std::printf("%6d %10.5f %10.5f %10.5f %14.3e %14.3e\n", s + 1, curves[0][s],
+                    curves[1][s], curves[2][s], curves[1][s] - curves[0][s],
+                    curves[2][s] - curves[0][s]);
+    for (int i = 1; i < 3; ++i) {
+      double mx = 0, mean = 0;
+      int first = -1;
+      for (int s = 0; s < steps; ++s) {
+        const double dd = std::fabs(curves[i][s] - curves[0][s]);
+        mx = std::max(mx, dd);
+        mean += dd / steps;
+        if (first < 0 && dd != 0) first = s + 1;
+      }
+      std::printf("%s vs baseline: first differing step %d, max |dloss| %.3e, mean |dloss| %.3e\n",
+                  attention_kind_name(kinds[i]), first, mx, mean);
+    }
+    std::printf("time: baseline %.1f s, flash %.1f s, stabilized %.1f s\n", secs[0], secs[1], secs[2]);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,7 +204,22 @@ int main(int argc, char** argv) {
   step->add_option("--embd", cfg.n_embd, "n_embd");
   step->add_option("--ref-llmc", ref_llmc, "llm.c CPU s/step measured on this machine");
   step->add_option("--ref-torch", ref_torch, "PyTorch CPU s/step measured on this machine");
+  auto* backends = app.add_subcommand("backends", "loss-curve drift between attention backends");
+  std::string data_path = "../shared/data/tinyshakespeare.txt", bprec = "fp32,bf16";
+  int bsteps = 200;
+  backends->add_option("--data", data_path, "text file (bytes are the tokens)");
+  backends->add_option("--precision", bprec, "comma-separated precisions");
+  backends->add_option("--steps", bsteps, "training steps")->check(CLI::PositiveNumber);
+  backends->add_option("--threads", threads, "threads (0: OpenMP default)");
   CLI11_PARSE(app, argc, argv);
+  if (backends->parsed()) {
+    try {
+      return run_backends(data_path, bprec, bsteps, threads);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench: %s\n", e.what());
+      return 1;
+    }
+  }
   try {
     std::vector<std::pair<DType, StepResult>> results;
     std::stringstream ss(precisions);
