@@ -1,0 +1,121 @@
+// Attention numerics experiments shared by tools/attn_deviation and the tests, built on the
+// head lab (attention/head_cpu.h); nothing here reimplements attention.
+//
+// DeviationStats: max, mean and std of |a - b| over many elements (Golden et al.'s metric).
+//
+// Bias experiment (Qiu & Yao; RESEARCH.md section 4): query rows whose scores are chosen
+// exactly, V ~ N(v_mean, v_std) in BF16, non-causal, keys = T. Mean signed error of O (and
+// of delta for a chosen dO) against baseline attention in FP64 on the same inputs, with
+// its standard error over rows. How the scores are made exact: row r of a head call has
+// q = e_{2r} + e_{2r+1} (all other entries 0) and key s has k[2r] = hi, k[2r+1] = lo with
+// hi = bf16(X), lo = bf16(X - hi), X = target score * sqrt(d). The dot product q.k = hi + lo
+// has at most 16 significant bits, so it is exact in FP32 and FP64 and every backend sees
+// the same X; the score is X * scale rounded to the backend's score format. Tied keys get
+// identical (hi, lo), so their scores are equal in every format, and the tie is exact.
+// A call therefore yields d/2 distinct rows; the other T - d/2 query rows have q = 0 and
+// are not counted. Each call draws its own V (shared by its rows) and its own scores.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attention/attention.h"
+
+namespace st {
+
+struct DeviationStats {
+  double max = 0, sum = 0, sumsq = 0;
+  int64_t n = 0;
+  void add(double abs_err) {
+    if (abs_err > max || abs_err != abs_err) max = abs_err;  // NaN sticks
+    sum += abs_err;
+    sumsq += abs_err * abs_err;
+    ++n;
+  }
+  void merge(const DeviationStats& o);
+  double mean() const { return n ? sum / n : 0.0; }
+  double sd() const;  // population standard deviation of |err|
+};
+
+// |a[i] - b[i]| for i < count added to s.
+void add_deviation(DeviationStats& s, const double* a, const double* b, size_t count);
+
+// ---- Qiu & Yao tied-maximum bias ----
+
+enum class BiasRows {
+  TiedTile,  // `ties` equal maxima at `top`, all inside one key tile; others top - U(gap)
+  TiedAny,   // the same, tie positions anywhere among the keys
+  Single,    // one maximum at `top`; others top - U(gap)
+  Diffuse,   // every score U(top - diffuse_width, top)
+};
+const char* bias_rows_name(BiasRows r);  // tied_tile | tied_any | single | diffuse
+BiasRows parse_bias_rows(const std::string& s);
+
+// Where flash's output accumulator lives (the rest follows the gpu rule, compute BF16).
+enum class BiasAccum {
+  Bf16,  // accum = bf16: O~, l, rescale factors in BF16 (the paper's implementation);
+         // baseline: its exponentials and row sum in BF16
+  Fp32,  // gpu rule: O~ and l in FP32, O rounded to BF16 once at the end
+};
+const char* bias_accum_name(BiasAccum a);  // bf16_accum | fp32_accum
+
+enum class DoutKind {
+  Ones,    // dO = 1 everywhere: delta's error is the row sum of O's error (worst alignment)
+  Normal,  // dO ~ N(0, 1) in BF16, independent of V and of the error: expected bias 0
+};
+const char* dout_kind_name(DoutKind k);  // ones | normal
+DoutKind parse_dout_kind(const std::string& s);
+
+struct BiasConfig {
+  int rows = 4000;      // distinct rows per row kind (rounded up to whole head calls)
+  int keys = 512;       // keys per row = T of each head call
+  int d = 32;           // head dim
+  int block_k = 64;     // flash key tile (query tile 64; it does not change the forward)
+  int ties = 2;         // tied maxima (TiedTile, TiedAny); must fit in one tile
+  double top = 5.0;     // score of the maximum
+  double gap_lo = 12, gap_hi = 20;  // the other keys: top - U(gap_lo, gap_hi)
+  double diffuse_width = 4;         // Diffuse rows: U(top - width, top)
+  double v_mean = -1.0, v_std = 0.5;
+  std::vector<double> betas{2.0, 7.0};  // stabilized flash, one backend per beta
+  std::vector<BiasRows> kinds{BiasRows::TiedTile, BiasRows::TiedAny, BiasRows::Single,
+                              BiasRows::Diffuse};
+  std::vector<BiasAccum> accums{BiasAccum::Bf16, BiasAccum::Fp32};
+  bool baseline = true;  // include baseline attention
+  bool deltas = true;    // also the delta bias, every delta mode
+  std::vector<DoutKind> douts{DoutKind::Ones, DoutKind::Normal};
+  uint64_t seed = 1;
+  int threads = 0;  // OpenMP threads over head calls (0: default)
+};
+
+// One series: the per-row signed errors of one quantity, reduced.
+struct BiasSeries {
+  BiasRows kind;
+  BiasAccum accum;
+  std::string backend;   // flash | stabilized_b2 | baseline | fp64_rounded (O only)
+  std::string quantity;  // o (stored, BF16) | o32 (before the final rounding) | delta
+  std::string delta_mode;  // delta: o | o_split | o_fp32 | dp_p | fp32_recompute
+  std::string dout;        // delta: ones | normal
+  int64_t rows = 0;
+  double mean = 0;      // mean over rows of the row's mean signed error (over head dims)
+  double se = 0;        // standard error of `mean` over rows
+  double mean_abs = 0;  // mean |error| over rows and dims (scale of the error)
+  double nonfinite = 0;  // fraction of rows with a NaN/Inf error (excluded from the above)
+};
+
+struct BiasReport {
+  std::vector<BiasSeries> series;
+  int rows_per_call = 0, calls_per_kind = 0;
+  double top_fp32 = 0, top_fp64 = 0;  // the maximum's score as FP32 flash / FP64 see it
+  std::vector<double> same_tile_fraction;  // per kind in cfg.kinds: rows whose ties share a tile
+  double seconds = 0;
+  const BiasSeries* find(BiasRows kind, BiasAccum accum, const std::string& backend,
+                         const std::string& quantity, const std::string& delta_mode = "",
+                         const std::string& dout = "") const;
+};
+
+BiasReport run_bias_experiment(const BiasConfig& cfg);
+
+// Backend label of stabilized flash with factor beta: "stabilized_b2", "stabilized_b7.5".
+std::string stabilized_label(double beta);
+
+}  // namespace st
