@@ -1,44 +1,142 @@
 #include "data/dataset.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
+#include <filesystem>
 
 #include "core/error.h"
+#include "data/prepare.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
 
 namespace st {
+
+void TokenSet::add(std::vector<uint16_t> tokens) {
+  auto owned = std::make_shared<std::vector<uint16_t>>(std::move(tokens));
+  spans_.push_back({owned->data(), static_cast<int64_t>(owned->size())});
+  owners_.push_back(owned);
+}
+
+void TokenSet::add(const uint16_t* data, int64_t size, std::shared_ptr<const void> owner) {
+  spans_.push_back({data, size});
+  owners_.push_back(std::move(owner));
+}
+
+int64_t TokenSet::size() const {
+  int64_t n = 0;
+  for (const TokenSpan& s : spans_) n += s.size;
+  return n;
+}
+
+std::vector<int32_t> TokenSet::to_vector() const {
+  std::vector<int32_t> v;
+  v.reserve(static_cast<size_t>(size()));
+  for (const TokenSpan& s : spans_) v.insert(v.end(), s.data, s.data + s.size);
+  return v;
+}
+
+bool reads_as_shards(const std::string& path, const std::string& format) {
+  if (format == "shards") return true;
+  if (format == "text") return false;
+  const size_t n = path.size();
+  return is_glob(path) || (n > 4 && path.compare(n - 4, 4, ".bin") == 0);
+}
+
 namespace {
 
-std::vector<int32_t> read_bytes(const std::string& path, const char* key) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f)
-    fail(key, ": cannot read '", path, "': ", std::strerror(errno),
-         " (fix the path in the config or with --set ", key, "=FILE)");
-  const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) fail(key, ": read error on '", path, "'");
-  std::vector<int32_t> t(s.size());
-  for (size_t i = 0; i < s.size(); ++i) t[i] = static_cast<unsigned char>(s[i]);
-  return t;
+int tokenizer_vocab(const std::string& tokenizer) {
+  if (tokenizer == "gpt2") return kGpt2VocabSize;
+  if (tokenizer == "byte") return 256;
+  fail("data.tokenizer: expected byte or gpt2, got '", tokenizer, "'");
+}
+
+// Every shard matching `pattern`, checked against the vocabulary.
+std::string load_shards(TokenSet& set, const std::string& pattern, int vocab, const char* key) {
+  const std::vector<std::string> files = glob_files(pattern);
+  if (files.empty())
+    fail(key, ": no token shard matches '", pattern, "' (write shards with prepare_data, or set "
+         "data.prepare_from to a text file to prepare them from)");
+  for (const std::string& f : files) {
+    const TokenShard s = TokenShard::open(f, vocab, key);
+    set.add(s.tokens(), s.size(), s.owner());
+  }
+  return std::to_string(files.size()) + " shard(s)";
+}
+
+void prepare_missing(const DataSpec& spec, const std::function<void(const std::string&)>& log) {
+  const bool train_missing = glob_files(spec.train_path).empty();
+  const bool val_missing = !spec.val_path.empty() && glob_files(spec.val_path).empty();
+  if (!train_missing && !val_missing) return;
+  if (spec.val_path.empty() || !reads_as_shards(spec.val_path, spec.format))
+    fail("data.prepare_from needs data.val_path to name the validation shards to write "
+         "(e.g. data_cache/x_val_*.bin)");
+  PrepareOptions o;
+  o.inputs = {spec.prepare_from};
+  o.input_what = "data.prepare_from";
+  o.tokenizer = spec.tokenizer;
+  o.tokenizer_dir = spec.tokenizer_dir;
+  o.val_fraction = spec.val_fraction;
+  o.train_pattern = spec.train_path;
+  o.val_pattern = spec.val_path;
+  o.overwrite = true;  // the config's own outputs: a partial set is rewritten whole
+  if (log) log("preparing " + spec.train_path + " and " + spec.val_path + " from " + spec.prepare_from);
+  const PrepareSummary s = prepare_shards(o);
+  if (log) {
+    std::string t = s.text();
+    while (!t.empty() && t.back() == '\n') t.pop_back();
+    log(t);
+  }
 }
 
 }  // namespace
 
-TokenData load_text_bytes(const std::string& train_path, const std::string& val_path,
-                          double val_fraction) {
+TokenData load_token_data(const DataSpec& spec, const std::function<void(const std::string&)>& log) {
   TokenData d;
-  d.vocab_size = 256;
-  d.train = read_bytes(train_path, "data.train_path");
-  if (d.train.empty()) fail("data.train_path: '", train_path, "' is empty");
-  if (!val_path.empty()) {
-    d.val = read_bytes(val_path, "data.val_path");
-  } else {
-    const size_t nval = static_cast<size_t>(d.train.size() * val_fraction);
-    d.val.assign(d.train.end() - nval, d.train.end());
-    d.train.resize(d.train.size() - nval);
+  d.tokenizer = spec.tokenizer;
+  d.vocab_size = tokenizer_vocab(spec.tokenizer);
+  const bool train_shards = reads_as_shards(spec.train_path, spec.format);
+  if (!spec.prepare_from.empty()) {
+    if (!train_shards)
+      fail("data.prepare_from is set but data.train_path '", spec.train_path, "' is not a shard "
+           "path (name the shards to write, e.g. data_cache/x_train_*.bin)");
+    prepare_missing(spec, log);
   }
-  d.description = train_path + ": " + std::to_string(d.train.size()) + " train / " +
-                  std::to_string(d.val.size()) + " val tokens (byte-level)";
+  if (train_shards) {
+    if (spec.val_path.empty())
+      fail("data.val_path: token shards need their own validation shards (set data.val_path, "
+           "e.g. to the _val_ shards prepare_data wrote)");
+    const std::string tr = load_shards(d.train, spec.train_path, d.vocab_size, "data.train_path");
+    std::string va;
+    if (reads_as_shards(spec.val_path, spec.format)) {
+      va = load_shards(d.val, spec.val_path, d.vocab_size, "data.val_path");
+    } else {
+      fail("data.val_path: '", spec.val_path, "' is a text file but data.train_path holds token "
+           "shards; give both as shards (prepare_data writes both)");
+    }
+    d.description = spec.train_path + " (" + tr + "): " + std::to_string(d.train.size()) +
+                    " train / " + std::to_string(d.val.size()) + " val tokens (" +
+                    spec.tokenizer + ")";
+    return d;
+  }
+  PrepareOptions o;
+  o.inputs = {spec.train_path};
+  o.input_what = "data.train_path";
+  o.val_what = "data.val_path";
+  if (!spec.val_path.empty()) o.val_inputs = {spec.val_path};
+  o.tokenizer = spec.tokenizer;
+  o.tokenizer_dir = spec.tokenizer_dir;
+  o.val_fraction = spec.val_fraction;
+  std::vector<uint16_t> train, val;
+  const PrepareSummary s = tokenize_texts(o, train, val);
+  d.train.add(std::move(train));
+  d.val.add(std::move(val));
+  char bpt[32];
+  std::snprintf(bpt, sizeof bpt, "%.3f", s.train_tokens ? double(s.train_bytes) / s.train_tokens : 0.0);
+  d.description = spec.train_path + ": " + std::to_string(d.train.size()) + " train / " +
+                  std::to_string(d.val.size()) + " val tokens (" + spec.tokenizer + ", " + bpt +
+                  " bytes/token" +
+                  (s.invalid_utf8_bytes ? ", " + std::to_string(s.invalid_utf8_bytes) +
+                                              " bytes not valid UTF-8, kept as bytes"
+                                        : "") +
+                  ")";
   return d;
 }
 

@@ -8,12 +8,15 @@
 
 namespace st {
 
-DataLoader::DataLoader(const std::vector<int32_t>& tokens, int B, int T, uint64_t seed,
-                       bool shuffle, int rank, int world)
+DataLoader::DataLoader(const TokenSet& tokens, int B, int T, uint64_t seed, bool shuffle,
+                       int rank, int world)
     : tokens_(tokens), B_(B), T_(T), seed_(seed), shuffle_(shuffle), rank_(rank), world_(world) {
   ST_CHECK(B > 0 && T > 0, "data loader: B and T must be positive");
   ST_CHECK(world > 0 && rank >= 0 && rank < world, "data loader: rank ", rank, " of ", world);
-  const int64_t nwin = tokens.size() > 0 ? (static_cast<int64_t>(tokens.size()) - 1) / T : 0;
+  first_.push_back(0);
+  for (const TokenSpan& s : tokens.spans())
+    first_.push_back(first_.back() + (s.size > 0 ? (s.size - 1) / T : 0));
+  const int64_t nwin = first_.back();
   ST_CHECK(nwin >= static_cast<int64_t>(B) * world, "the data (", tokens.size(),
            " tokens) holds ", nwin, " windows of ", T + 1, " tokens, fewer than one batch of ",
            B, " per rank x ", world, " ranks (use a shorter train.seq_len or more data)");
@@ -21,7 +24,7 @@ DataLoader::DataLoader(const std::vector<int32_t>& tokens, int B, int T, uint64_
 }
 
 void DataLoader::build_order() {
-  const int64_t nwin = (static_cast<int64_t>(tokens_.size()) - 1) / T_;
+  const int64_t nwin = first_.back();
   std::vector<int64_t> all(nwin);
   std::iota(all.begin(), all.end(), 0);
   if (shuffle_) {
@@ -30,8 +33,15 @@ void DataLoader::build_order() {
     for (int64_t i = nwin - 1; i > 0; --i)
       std::swap(all[i], all[static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
   }
+  const int64_t used = nwin / world_ * world_;  // equal shares for every rank
   order_.clear();
-  for (int64_t i = rank_; i < nwin; i += world_) order_.push_back(all[i] * T_);
+  for (int64_t i = rank_; i < used; i += world_) order_.push_back(all[i]);
+}
+
+const uint16_t* DataLoader::window(int64_t w) const {
+  const size_t s = static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), w) -
+                                       first_.begin()) - 1;
+  return tokens_.spans()[s].data + (w - first_[s]) * T_;
 }
 
 void DataLoader::next(int32_t* inputs, int32_t* targets) {
@@ -41,7 +51,7 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
       index_ = 0;
       build_order();
     }
-    const int32_t* w = tokens_.data() + order_[index_++];
+    const uint16_t* w = window(order_[index_++]);
     std::copy(w, w + T_, inputs + static_cast<size_t>(b) * T_);
     std::copy(w + 1, w + T_ + 1, targets + static_cast<size_t>(b) * T_);
   }

@@ -1,19 +1,24 @@
-// Deterministic batch loader. The token array is cut into windows of T+1 tokens starting
-// at multiples of T; each epoch visits every window once in an order that is a permutation
-// drawn from (seed, epoch). Rank r of `world` takes windows r, r+world, ... of that order.
-// The position (epoch, index) is the whole state: it goes into checkpoints, so a resumed
-// run sees exactly the batches an uninterrupted run would.
+// Deterministic batch loader over a TokenSet (one or more token spans, e.g. shards).
+// Each span is cut into windows of T+1 tokens starting at multiples of T (windows never
+// cross spans); windows are numbered across spans in order. Each epoch visits every window
+// once in an order that is a permutation drawn from (seed, epoch) alone. Rank r of `world`
+// takes windows r, r+world, ... of that order; the last (windows % world) of the epoch are
+// left out so every rank serves the same number. The position (epoch, index) is the whole
+// state: it goes into checkpoints, so a resumed run sees exactly the batches an
+// uninterrupted run would.
 #pragma once
 #include <cstdint>
 #include <vector>
+
+#include "data/dataset.h"
 
 namespace st {
 
 class DataLoader {
  public:
-  // shuffle = false serves windows in order (evaluation).
-  DataLoader(const std::vector<int32_t>& tokens, int B, int T, uint64_t seed, bool shuffle,
-             int rank = 0, int world = 1);
+  // shuffle = false serves windows in order (evaluation). The set must outlive the loader.
+  DataLoader(const TokenSet& tokens, int B, int T, uint64_t seed, bool shuffle, int rank = 0,
+             int world = 1);
   // Fills inputs and targets, B*T each (targets are inputs shifted by one).
   void next(int32_t* inputs, int32_t* targets);
   void reset();  // back to epoch 0, window 0
@@ -28,12 +33,14 @@ class DataLoader {
 
  private:
   void build_order();
-  const std::vector<int32_t>& tokens_;
+  const uint16_t* window(int64_t w) const;  // first token of global window w
+  const TokenSet& tokens_;
   int B_, T_;
   uint64_t seed_;
   bool shuffle_;
   int rank_, world_;
-  std::vector<int64_t> order_;  // this rank's window starts for the current epoch
+  std::vector<int64_t> first_;  // first global window of each span, then the total
+  std::vector<int64_t> order_;  // this rank's global windows for the current epoch
   int64_t epoch_ = 0, index_ = 0;
 };
 

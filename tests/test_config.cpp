@@ -135,7 +135,7 @@ Config everything_changed() {
   c.device = "cpu";
   c.run = {"yes", "runs/a: b # not a comment", std::numeric_limits<uint64_t>::max(), 7};
   c.model = {6, 6, 384, 1024, 50304, "null"};
-  c.data = {" leading space.txt", "123", "gpt2", 0.1 + 0.2};
+  c.data = {" leading space.txt", "123", "text", "gpt2", "dir: with # colon", "on", 0.1 + 0.2};
   TrainSection& t = c.train;
   t.max_steps = 5000, t.batch_size = 16, t.seq_len = 1024, t.grad_accum_steps = 4;
   t.lr = 6e-4, t.min_lr = 1.0 / 3 * 1e-4, t.warmup_steps = 0, t.beta1 = 0.0, t.beta2 = 0.999;

@@ -284,12 +284,6 @@ void Run::open_logs() {
 
 void Run::build() {
   // Accepted by the schema for the issues that implement them; refused loudly until then.
-  if (!cfg_.model.init_from.empty())
-    fail(cfg_.source, ": model.init_from is not implemented yet (it comes with the llm.c/"
-         "safetensors interop of the data issue); remove the key");
-  if (cfg_.data.tokenizer != "byte")
-    fail(cfg_.source, ": data.tokenizer '", cfg_.data.tokenizer, "' is not implemented yet (the "
-         "GPT-2 BPE tokenizer comes with the data issue); use data.tokenizer: byte");
   if (cfg_.hooks.every > 0)
     fail(cfg_.source, ": hooks.every = ", cfg_.hooks.every, ": stability hooks are not "
          "implemented yet (instrumentation issue); set hooks.every: 0");

@@ -1,0 +1,409 @@
+#include "model/io.h"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "train/checkpoint.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "llm.c and safetensors files are little-endian; this code reads them in place"
+#endif
+
+namespace fs = std::filesystem;
+
+namespace st {
+namespace {
+
+constexpr int32_t kLlmcMagic = 20240326;
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(path, ": cannot read: ", std::strerror(errno));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) fail(path, ": read error");
+  return ss.str();
+}
+
+// Atomic write: temporary file in the same folder, then rename.
+void write_atomic(const std::string& path, const std::string& head, const void* body, size_t n) {
+  const fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp" + std::to_string(getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail("cannot write '", tmp, "': ", std::strerror(errno));
+  bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size() &&
+            (n == 0 || std::fwrite(body, 1, n, f) == n);
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    fail("cannot write '", path, "': ", std::strerror(err));
+  }
+}
+
+void check_config(const GPT2Config& c, const std::string& path) {
+  try {
+    c.validate();
+  } catch (const std::exception& e) {
+    fail(path, ": bad model shape: ", e.what());
+  }
+  if (c.n_embd % c.n_head != 0)
+    fail(path, ": n_embd ", c.n_embd, " is not divisible by n_head ", c.n_head);
+}
+
+// One tensor of the safetensors file: its HF name, shape, and where it sits in our flat
+// parameter array (a slice of a stacked parameter, maybe transposed).
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // as stored in the file
+  int64_t offset;              // into the flat parameter array
+  int64_t rows, cols;          // our (out, in) layout when transposed; rows=n, cols=1 otherwise
+  bool transposed;
+};
+
+std::vector<HfTensor> hf_tensors(const GPT2Config& c) {
+  const auto shapes = param_shapes(c);
+  std::array<int64_t, kNumParams> off{};
+  int64_t o = 0;
+  for (int i = 0; i < kNumParams; ++i) off[i] = o, o += shape_numel(shapes[i]);
+  const int64_t C = c.n_embd, V = c.vocab_size, T = c.max_seq_len;
+  std::vector<HfTensor> v;
+  auto plain = [&](std::string name, int64_t offset, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    v.push_back({std::move(name), std::move(shape), offset, n, 1, false});
+  };
+  // Conv1D weight: ours (out, in) at offset -> file (in, out).
+  auto conv = [&](std::string name, int64_t offset, int64_t out, int64_t in) {
+    v.push_back({std::move(name), {in, out}, offset, out, in, true});
+  };
+  plain("transformer.wte.weight", off[kWte], {V, C});
+  plain("transformer.wpe.weight", off[kWpe], {T, C});
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string h = "transformer.h." + std::to_string(l) + ".";
+    plain(h + "ln_1.weight", off[kLn1w] + l * C, {C});
+    plain(h + "ln_1.bias", off[kLn1b] + l * C, {C});
+    conv(h + "attn.c_attn.weight", off[kQkvw] + l * 3 * C * C, 3 * C, C);
+    plain(h + "attn.c_attn.bias", off[kQkvb] + l * 3 * C, {3 * C});
+    conv(h + "attn.c_proj.weight", off[kAttprojw] + l * C * C, C, C);
+    plain(h + "attn.c_proj.bias", off[kAttprojb] + l * C, {C});
+    plain(h + "ln_2.weight", off[kLn2w] + l * C, {C});
+    plain(h + "ln_2.bias", off[kLn2b] + l * C, {C});
+    conv(h + "mlp.c_fc.weight", off[kFcw] + l * 4 * C * C, 4 * C, C);
+    plain(h + "mlp.c_fc.bias", off[kFcb] + l * 4 * C, {4 * C});
+    conv(h + "mlp.c_proj.weight", off[kFcprojw] + l * 4 * C * C, C, 4 * C);
+    plain(h + "mlp.c_proj.bias", off[kFcprojb] + l * C, {C});
+  }
+  plain("transformer.ln_f.weight", off[kLnfw], {C});
+  plain("transformer.ln_f.bias", off[kLnfb], {C});
+  return v;
+}
+
+float to_float(const char* p, const std::string& dtype) {
+  if (dtype == "F32") {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  if (dtype == "BF16" || dtype == "F16") {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return dtype == "BF16" ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+  }
+  double d;  // F64
+  std::memcpy(&d, p, 8);
+  return static_cast<float>(d);
+}
+
+size_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "BF16" || dtype == "F16") return 2;
+  if (dtype == "F64") return 8;
+  return 0;
+}
+
+}  // namespace
+
+ModelWeights load_safetensors_unchecked(const std::string& path, int n_head);
+
+WeightFormat detect_weight_format(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return WeightFormat::Unknown;
+  unsigned char b[16] = {};
+  const size_t n = std::fread(b, 1, sizeof b, f);
+  std::fclose(f);
+  int32_t magic = 0;
+  if (n >= 4) std::memcpy(&magic, b, 4);
+  if (n >= 4 && magic == kLlmcMagic) return WeightFormat::Llmc;
+  if (n >= 8 && std::memcmp(b, kCheckpointMagic, 8) == 0) return WeightFormat::Checkpoint;
+  if (n >= 9 && b[8] == '{') return WeightFormat::Safetensors;
+  return WeightFormat::Unknown;
+}
+
+ModelWeights load_llmc(const std::string& path) {
+  const std::string s = slurp(path);
+  if (s.size() < 1024)
+    fail(path, ": truncated llm.c model file (", s.size(), " bytes, less than the 1024-byte header)");
+  int32_t h[256];
+  std::memcpy(h, s.data(), sizeof h);
+  if (h[0] != kLlmcMagic)
+    fail(path, ": not an llm.c model file (magic ", h[0], ", expected ", kLlmcMagic, ")");
+  if (h[1] != 3 && h[1] != 5)
+    fail(path, ": llm.c model version ", h[1], " is not supported (3: FP32, 5: BF16)");
+  ModelWeights w;
+  GPT2Config& c = w.config;
+  c.max_seq_len = h[2];
+  c.vocab_size = h[3];
+  c.n_layer = h[4];
+  c.n_head = h[5];
+  c.n_embd = h[6];
+  c.padded_vocab_size = h[7];
+  if (c.n_layer <= 0 || c.n_head <= 0 || c.n_embd <= 0 || c.max_seq_len <= 0 || c.vocab_size <= 0)
+    fail(path, ": bad llm.c header: maxT ", h[2], ", V ", h[3], ", L ", h[4], ", NH ", h[5], ", C ", h[6]);
+  if (c.padded_vocab_size == 0) c.padded_vocab_size = c.vocab_size;  // files older than Vp
+  check_config(c, path);
+  const int64_t n = num_parameters(c);
+  const size_t elem = h[1] == 3 ? 4 : 2;
+  const size_t want = 1024 + static_cast<size_t>(n) * elem;
+  if (s.size() != want)
+    fail(path, ": llm.c model size mismatch: the header describes ", n, " parameters (",
+         want, " bytes in version ", h[1], "), the file has ", s.size(), " bytes (",
+         s.size() < want ? "truncated" : "trailing data", ")");
+  w.params.resize(static_cast<size_t>(n));
+  if (elem == 4) {
+    std::memcpy(w.params.data(), s.data() + 1024, static_cast<size_t>(n) * 4);
+  } else {
+    std::vector<uint16_t> b(static_cast<size_t>(n));
+    std::memcpy(b.data(), s.data() + 1024, b.size() * 2);
+    convert_bf16_to_f32(b.data(), w.params.data(), b.size());
+  }
+  return w;
+}
+
+void save_llmc(const std::string& path, const ModelWeights& w, bool bf16) {
+  GPT2Config c = w.config;
+  c.padded_vocab_size = c.vp();
+  ST_CHECK(static_cast<int64_t>(w.params.size()) == num_parameters(c), "save_llmc: ",
+           w.params.size(), " values for a model of ", num_parameters(c));
+  int32_t h[256] = {};
+  h[0] = kLlmcMagic;
+  h[1] = bf16 ? 5 : 3;
+  h[2] = c.max_seq_len;
+  h[3] = c.vocab_size;
+  h[4] = c.n_layer;
+  h[5] = c.n_head;
+  h[6] = c.n_embd;
+  h[7] = c.padded_vocab_size;
+  const std::string head(reinterpret_cast<const char*>(h), sizeof h);
+  if (!bf16) {
+    write_atomic(path, head, w.params.data(), w.params.size() * 4);
+  } else {
+    std::vector<uint16_t> b(w.params.size());
+    convert_f32_to_bf16(w.params.data(), b.data(), b.size());
+    write_atomic(path, head, b.data(), b.size() * 2);
+  }
+}
+
+std::string hf_config_json(const GPT2Config& c) {
+  nlohmann::ordered_json j = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", c.vocab_size},
+      {"n_positions", c.max_seq_len},
+      {"n_ctx", c.max_seq_len},
+      {"n_embd", c.n_embd},
+      {"n_layer", c.n_layer},
+      {"n_head", c.n_head},
+      {"n_inner", nullptr},
+      {"activation_function", "gelu_new"},  // tanh approximation, as layers/activation_cpu
+      {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"initializer_range", 0.02},
+      {"bos_token_id", 50256},
+      {"eos_token_id", 50256},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", "float32"},
+  };
+  return j.dump(2) + "\n";
+}
+
+void save_safetensors(const std::string& path, const ModelWeights& w, const std::string& dtype) {
+  ST_CHECK(dtype == "F32" || dtype == "BF16", "safetensors dtype must be F32 or BF16, got ", dtype);
+  GPT2Config c = w.config;
+  c.padded_vocab_size = c.vp();
+  ST_CHECK(static_cast<int64_t>(w.params.size()) == num_parameters(c), "save_safetensors: ",
+           w.params.size(), " values for a model of ", num_parameters(c));
+  const size_t eb = dtype_bytes(dtype);
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"},
+                            {"producer", "stabletrain"},
+                            {"n_layer", std::to_string(c.n_layer)},
+                            {"n_head", std::to_string(c.n_head)},
+                            {"n_embd", std::to_string(c.n_embd)},
+                            {"n_positions", std::to_string(c.max_seq_len)},
+                            {"vocab_size", std::to_string(c.vocab_size)}};
+  std::vector<float> data;
+  data.reserve(w.params.size());
+  for (const HfTensor& t : hf_tensors(c)) {
+    const size_t begin = data.size() * eb;
+    const float* src = w.params.data() + t.offset;
+    if (!t.transposed) {
+      data.insert(data.end(), src, src + t.rows);
+    } else {  // ours (rows=out, cols=in) -> file (in, out)
+      for (int64_t i = 0; i < t.cols; ++i)
+        for (int64_t o = 0; o < t.rows; ++o) data.push_back(src[o * t.cols + i]);
+    }
+    header[t.name] = {{"dtype", dtype}, {"shape", t.shape},
+                      {"data_offsets", {begin, data.size() * eb}}};
+  }
+  std::string js = header.dump();
+  js.append((8 - js.size() % 8) % 8, ' ');
+  std::string head(8, '\0');
+  const uint64_t n = js.size();
+  std::memcpy(head.data(), &n, 8);
+  head += js;
+  if (dtype == "F32") {
+    write_atomic(path, head, data.data(), data.size() * 4);
+  } else {
+    std::vector<uint16_t> b(data.size());
+    convert_f32_to_bf16(data.data(), b.data(), b.size());
+    write_atomic(path, head, b.data(), b.size() * 2);
+  }
+}
+
+ModelWeights load_safetensors(const std::string& path, int n_head) {
+  try {
+    return load_safetensors_unchecked(path, n_head);
+  } catch (const nlohmann::json::exception& e) {  // a header entry of the wrong JSON type
+    fail(path, ": malformed safetensors header: ", e.what());
+  }
+}
+
+ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
+  const std::string s = slurp(path);
+  if (s.size() < 8) fail(path, ": truncated safetensors file (", s.size(), " bytes)");
+  uint64_t hn;
+  std::memcpy(&hn, s.data(), 8);
+  if (hn > s.size() - 8) fail(path, ": truncated safetensors file (header of ", hn, " bytes, file of ", s.size(), ")");
+  const nlohmann::json header = nlohmann::json::parse(s.begin() + 8, s.begin() + 8 + static_cast<int64_t>(hn), nullptr, false);
+  if (header.is_discarded() || !header.is_object()) fail(path, ": the safetensors header is not a JSON object");
+  const size_t data0 = 8 + hn;
+  // Tensors by name, with the "transformer." prefix added where the file leaves it out.
+  std::map<std::string, nlohmann::json> byname;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "__metadata__" || k == "lm_head.weight" || k.find(".attn.bias") != std::string::npos ||
+        k.find(".attn.masked_bias") != std::string::npos)
+      continue;
+    byname[k.rfind("transformer.", 0) == 0 ? k : "transformer." + k] = it.value();
+  }
+  auto shape_of = [&](const std::string& name) {
+    auto it = byname.find(name);
+    if (it == byname.end()) fail(path, ": no tensor '", name, "' (not a GPT-2 safetensors file?)");
+    return it->second.at("shape").get<std::vector<int64_t>>();
+  };
+  ModelWeights w;
+  GPT2Config& c = w.config;
+  const auto wte = shape_of("transformer.wte.weight"), wpe = shape_of("transformer.wpe.weight");
+  if (wte.size() != 2 || wpe.size() != 2) fail(path, ": wte/wpe are not 2-D");
+  c.vocab_size = static_cast<int>(wte[0]);
+  c.n_embd = static_cast<int>(wte[1]);
+  c.max_seq_len = static_cast<int>(wpe[0]);
+  c.n_layer = 0;
+  while (byname.count("transformer.h." + std::to_string(c.n_layer) + ".ln_1.weight")) ++c.n_layer;
+  c.n_head = n_head;
+  if (header.contains("__metadata__") && header["__metadata__"].contains("n_head"))
+    c.n_head = std::stoi(header["__metadata__"]["n_head"].get<std::string>());
+  if (c.n_head <= 0) fail(path, ": the file does not say n_head; give it (model.n_head)");
+  c.padded_vocab_size = 0;
+  check_config(c, path);
+  c.padded_vocab_size = c.vp();
+  const std::vector<HfTensor> expect = hf_tensors(c);
+  if (byname.size() != expect.size()) {
+    std::string extra;
+    std::set<std::string> known;
+    for (const HfTensor& t : expect) known.insert(t.name);
+    for (const auto& kv : byname)
+      if (!known.count(kv.first)) extra += " " + kv.first;
+    fail(path, ": ", byname.size(), " tensors, a GPT-2 with ", c.n_layer, " layers has ",
+         expect.size(), extra.empty() ? "" : "; unexpected:" + extra);
+  }
+  w.params.assign(static_cast<size_t>(num_parameters(c)), 0.0f);  // padded wte rows stay 0
+  for (const HfTensor& t : expect) {
+    const auto found = byname.find(t.name);
+    if (found == byname.end()) fail(path, ": no tensor '", t.name, "' (not a GPT-2 safetensors file?)");
+    const nlohmann::json& e = found->second;
+    const auto shape = e.at("shape").get<std::vector<int64_t>>();
+    if (shape != t.shape)
+      fail(path, ": tensor '", t.name, "' has shape ", nlohmann::json(shape).dump(), ", expected ",
+           nlohmann::json(t.shape).dump());
+    const std::string dtype = e.at("dtype").get<std::string>();
+    const size_t eb = dtype_bytes(dtype);
+    if (!eb) fail(path, ": tensor '", t.name, "' has dtype ", dtype, " (F32, BF16, F16 or F64 expected)");
+    const auto off = e.at("data_offsets").get<std::vector<uint64_t>>();
+    const uint64_t n = static_cast<uint64_t>(t.rows * t.cols);
+    if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != n * eb || data0 + off[1] > s.size())
+      fail(path, ": tensor '", t.name, "' has data_offsets ", nlohmann::json(off).dump(),
+           " that do not hold ", n, " ", dtype, " values inside the file (truncated?)");
+    const char* p = s.data() + data0 + off[0];
+    float* dst = w.params.data() + t.offset;
+    if (!t.transposed) {
+      for (uint64_t i = 0; i < n; ++i) dst[i] = to_float(p + i * eb, dtype);
+    } else {  // file (in, out) -> ours (out, in)
+      for (int64_t i = 0; i < t.cols; ++i)
+        for (int64_t o = 0; o < t.rows; ++o)
+          dst[o * t.cols + i] = to_float(p + (i * t.rows + o) * eb, dtype);
+    }
+  }
+  return w;
+}
+
+ModelWeights load_weights(const std::string& path, int n_head) {
+  if (!fs::exists(path)) fail(path, ": no such file");
+  switch (detect_weight_format(path)) {
+    case WeightFormat::Llmc:
+      return load_llmc(path);
+    case WeightFormat::Safetensors:
+      return load_safetensors(path, n_head);
+    case WeightFormat::Checkpoint: {
+      const CheckpointState s = load_checkpoint(path);
+      ModelWeights w;
+      GPT2Config& c = w.config;
+      c.n_layer = s.n_layer;
+      c.n_head = s.n_head;
+      c.n_embd = s.n_embd;
+      c.max_seq_len = s.max_seq_len;
+      c.vocab_size = s.vocab_size;
+      c.padded_vocab_size = s.padded_vocab_size;
+      check_config(c, path);
+      const size_t n = static_cast<size_t>(num_parameters(c));
+      if (s.master.size() != n * static_cast<size_t>(s.master_elem_bytes))
+        fail(path, ": checkpoint holds ", s.master.size(), " bytes of weights, its shape needs ",
+             n * s.master_elem_bytes);
+      w.params.resize(n);
+      for (size_t i = 0; i < n; ++i)
+        w.params[i] = to_float(reinterpret_cast<const char*>(s.master.data()) + i * s.master_elem_bytes,
+                               s.master_elem_bytes == 8 ? "F64" : "F32");
+      return w;
+    }
+    default:
+      fail(path, ": not a model file this build reads (llm.c model, safetensors or stabletrain "
+           "checkpoint)");
+  }
+}
+
+}  // namespace st

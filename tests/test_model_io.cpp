@@ -1,0 +1,373 @@
+// Model weight files: llm.c version 3/5 round trips (header, order, sizes), safetensors with
+// Hugging Face GPT-2 names and Conv1D (in, out) layouts, bad files refused naming the file,
+// and `train` starting from each format (model.init_from), including GPT-2 BPE shards with
+// an exact resume.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/io.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace st;
+
+namespace {
+
+const fs::path& tmp() {
+  static const fs::path p = [] {
+    fs::path d = fs::temp_directory_path() / ("st_io_" + std::to_string(getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+  }();
+  return p;
+}
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Odd sizes; random values everywhere, padded vocabulary rows included.
+ModelWeights random_weights(uint64_t seed) {
+  ModelWeights w;
+  w.config.n_layer = 2;
+  w.config.n_head = 3;
+  w.config.n_embd = 24;
+  w.config.max_seq_len = 17;
+  w.config.vocab_size = 301;
+  w.config.padded_vocab_size = w.config.vp();
+  Rng r(seed);
+  w.params.resize(static_cast<size_t>(num_parameters(w.config)));
+  for (float& v : w.params) v = static_cast<float>(r.normal());
+  return w;
+}
+
+int64_t offset_of(const GPT2Config& c, int id) {
+  const auto s = param_shapes(c);
+  int64_t o = 0;
+  for (int i = 0; i < id; ++i) o += shape_numel(s[i]);
+  return o;
+}
+
+}  // namespace
+
+TEST(Llmc, Fp32RoundTripIsExact) {
+  const ModelWeights w = random_weights(1);
+  const std::string p = (tmp() / "m3.bin").string();
+  save_llmc(p, w, false);
+  const std::string b = slurp(p);
+  ASSERT_EQ(b.size(), 1024 + w.params.size() * 4);
+  int32_t h[256];
+  std::memcpy(h, b.data(), 1024);
+  EXPECT_EQ(h[0], 20240326);
+  EXPECT_EQ(h[1], 3);
+  EXPECT_EQ(h[2], 17);   // maxT
+  EXPECT_EQ(h[3], 301);  // V
+  EXPECT_EQ(h[4], 2);    // L
+  EXPECT_EQ(h[5], 3);    // NH
+  EXPECT_EQ(h[6], 24);   // C
+  EXPECT_EQ(h[7], 384);  // padded V
+  // Tensor order: wte first, then wpe, ..., lnfb last (llm.c's order).
+  float first, last;
+  std::memcpy(&first, b.data() + 1024, 4);
+  std::memcpy(&last, b.data() + b.size() - 4, 4);
+  EXPECT_EQ(first, w.params.front());
+  EXPECT_EQ(last, w.params.back());
+  const ModelWeights r = load_llmc(p);
+  EXPECT_EQ(r.config.n_layer, 2);
+  EXPECT_EQ(r.config.n_head, 3);
+  EXPECT_EQ(r.config.n_embd, 24);
+  EXPECT_EQ(r.config.max_seq_len, 17);
+  EXPECT_EQ(r.config.vocab_size, 301);
+  EXPECT_EQ(r.config.vp(), 384);
+  EXPECT_EQ(r.params, w.params);
+  EXPECT_EQ(load_weights(p).params, w.params);
+}
+
+TEST(Llmc, Bf16RoundTripRoundsOnceThenIsExact) {
+  const ModelWeights w = random_weights(2);
+  const std::string p = (tmp() / "m5.bin").string();
+  save_llmc(p, w, true);
+  EXPECT_EQ(slurp(p).size(), 1024 + w.params.size() * 2);
+  const ModelWeights r = load_llmc(p);
+  ASSERT_EQ(r.params.size(), w.params.size());
+  for (size_t i = 0; i < w.params.size(); ++i) ASSERT_EQ(r.params[i], round_bf16(w.params[i])) << i;
+  const std::string p2 = (tmp() / "m5b.bin").string();
+  save_llmc(p2, r, true);
+  EXPECT_EQ(slurp(p2), slurp(p));
+}
+
+TEST(Llmc, BadFilesAreRefused) {
+  const ModelWeights w = random_weights(3);
+  const std::string p = (tmp() / "good.bin").string();
+  save_llmc(p, w, false);
+  const std::string g = slurp(p);
+  auto put = [&](const std::string& name, const std::string& bytes) {
+    const std::string q = (tmp() / name).string();
+    std::ofstream(q, std::ios::binary) << bytes;
+    return q;
+  };
+  std::string v7 = g;
+  v7[4] = 7;
+  const struct {
+    std::string path, expect;
+  } cases[] = {
+      {put("trunc.bin", g.substr(0, g.size() - 10)), "truncated"},
+      {put("short.bin", g.substr(0, 100)), "1024-byte header"},
+      {put("magic.bin", "ABCD" + g.substr(4)), "not an llm.c model file"},
+      {put("v7.bin", v7), "version 7"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { load_llmc(c.path); });
+    EXPECT_NE(e.find(c.path), std::string::npos) << e;
+    EXPECT_NE(e.find(c.expect), std::string::npos) << e;
+    std::printf("  %s\n", e.c_str());
+  }
+  EXPECT_NE(error_of([&] { load_weights((tmp() / "none.bin").string()); }).find("no such file"),
+            std::string::npos);
+}
+
+TEST(Safetensors, HuggingFaceNamesLayoutsAndRoundTrip) {
+  const ModelWeights w = random_weights(4);
+  const GPT2Config& c = w.config;
+  const std::string p = (tmp() / "model.safetensors").string();
+  save_safetensors(p, w);
+  const std::string b = slurp(p);
+  uint64_t hn;
+  std::memcpy(&hn, b.data(), 8);
+  EXPECT_EQ(hn % 8, 0u);
+  const auto h = nlohmann::json::parse(b.substr(8, hn));
+  EXPECT_EQ(h["__metadata__"]["format"], "pt");
+  EXPECT_EQ(h["__metadata__"]["n_head"], "3");
+  EXPECT_EQ(h.size(), 1u + 2 + 12 * 2 + 2);
+  EXPECT_EQ(h["transformer.wte.weight"]["shape"], nlohmann::json({301, 24}));  // unpadded
+  EXPECT_EQ(h["transformer.wpe.weight"]["shape"], nlohmann::json({17, 24}));
+  EXPECT_EQ(h["transformer.h.1.attn.c_attn.weight"]["shape"], nlohmann::json({24, 72}));
+  EXPECT_EQ(h["transformer.h.1.mlp.c_fc.weight"]["shape"], nlohmann::json({24, 96}));
+  EXPECT_EQ(h["transformer.h.1.mlp.c_proj.weight"]["shape"], nlohmann::json({96, 24}));
+  EXPECT_FALSE(h.contains("lm_head.weight"));
+  // Data lies back to back after the header, every byte used.
+  uint64_t end = 0;
+  for (auto it = h.begin(); it != h.end(); ++it)
+    if (it.key() != "__metadata__") end = std::max<uint64_t>(end, it.value()["data_offsets"][1]);
+  EXPECT_EQ(8 + hn + end, b.size());
+  // Conv1D layout: file c_attn[i][o] == our qkvw[layer 1][o][i].
+  auto at = [&](const std::string& name, int64_t i) {
+    float f;
+    std::memcpy(&f, b.data() + 8 + hn + h[name]["data_offsets"][0].get<uint64_t>() + 4 * i, 4);
+    return f;
+  };
+  const int64_t C = c.n_embd;
+  const float* qkv1 = w.params.data() + offset_of(c, kQkvw) + 3 * C * C;
+  for (int64_t i : {0, 5, 23})
+    for (int64_t o : {0, 13, 71}) EXPECT_EQ(at("transformer.h.1.attn.c_attn.weight", i * 3 * C + o), qkv1[o * C + i]);
+  const float* fcp0 = w.params.data() + offset_of(c, kFcprojw);
+  EXPECT_EQ(at("transformer.h.0.mlp.c_proj.weight", 95 * C + 7), fcp0[7 * 4 * C + 95]);
+  // Round trip: everything but the padded vocabulary rows (not stored; read back as zero).
+  const ModelWeights r = load_weights(p);
+  ASSERT_EQ(r.params.size(), w.params.size());
+  const int64_t pad0 = static_cast<int64_t>(c.vocab_size) * C, pad1 = static_cast<int64_t>(c.vp()) * C;
+  for (int64_t i = 0; i < static_cast<int64_t>(w.params.size()); ++i)
+    ASSERT_EQ(r.params[i], (i >= pad0 && i < pad1) ? 0.0f : w.params[i]) << i;
+  // The Hub's unprefixed names, an lm_head copy and old attention buffers are accepted.
+  std::string js = b.substr(8, hn);
+  size_t pos;
+  while ((pos = js.find("\"transformer.")) != std::string::npos) js.erase(pos + 1, 12);
+  js.append((8 - js.size() % 8) % 8, ' ');
+  std::string hub(8, '\0');
+  const uint64_t n2 = js.size();
+  std::memcpy(hub.data(), &n2, 8);
+  hub += js + b.substr(8 + hn);
+  const std::string ph = (tmp() / "hub.safetensors").string();
+  std::ofstream(ph, std::ios::binary) << hub;
+  EXPECT_EQ(load_weights(ph).params, r.params);
+  // BF16 export rounds each value once.
+  save_safetensors(p, w, "BF16");
+  const ModelWeights rb = load_weights(p);
+  for (int64_t i = 0; i < pad0; ++i) ASSERT_EQ(rb.params[i], round_bf16(w.params[i]));
+}
+
+TEST(Safetensors, BadFilesAreRefused) {
+  const ModelWeights w = random_weights(5);
+  const std::string p = (tmp() / "ok.safetensors").string();
+  save_safetensors(p, w);
+  const std::string b = slurp(p);
+  uint64_t hn;
+  std::memcpy(&hn, b.data(), 8);
+  auto put = [&](const std::string& name, const std::string& bytes) {
+    const std::string q = (tmp() / name).string();
+    std::ofstream(q, std::ios::binary) << bytes;
+    return q;
+  };
+  std::string renamed = b;
+  const size_t at = renamed.find("ln_f.bias");
+  renamed.replace(at, 9, "ln_x.bias");
+  const struct {
+    std::string path, expect;
+  } cases[] = {
+      {put("trunc.safetensors", b.substr(0, b.size() - 8)), "truncated"},
+      {put("hdr.safetensors", b.substr(0, 100)), "truncated"},
+      {put("renamed.safetensors", renamed), "ln_f.bias"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { load_weights(c.path); });
+    EXPECT_NE(e.find(c.path), std::string::npos) << e;
+    EXPECT_NE(e.find(c.expect), std::string::npos) << e;
+    std::printf("  %s\n", e.c_str());
+  }
+}
+
+// ---- through `train` ----
+
+namespace {
+
+std::string yaml(const std::string& out_dir, const std::string& extra_model,
+                 const std::string& data, int max_steps) {
+  std::ostringstream y;
+  y << "run: {name: t, out_dir: '" << out_dir << "', seed: 3, threads: 1}\n"
+    << "model: {n_layer: 2, n_head: 2, n_embd: 32, max_seq_len: 16" << extra_model << "}\n"
+    << data << "\n"
+    << "train: {max_steps: " << max_steps << ", batch_size: 4, seq_len: 16, lr: 3.0e-3,"
+    << " min_lr: 3.0e-4, warmup_steps: 2, ckpt_every: 5, keep_checkpoints: 0, eval_every: 5,"
+    << " eval_batches: 2, log_every: 5, sample_tokens: 20}\n"
+    << "device: cpu\n";
+  return y.str();
+}
+
+const std::string kGpt2Data = std::string("data: {train_path: '") + (tmp() / "sh/ts_train_*.bin").string() +
+                              "', val_path: '" + (tmp() / "sh/ts_val_*.bin").string() +
+                              "', tokenizer: gpt2, tokenizer_dir: '" ST_SHARED_DATA_DIR
+                              "/gpt2-tokenizer', prepare_from: '" ST_SHARED_DATA_DIR
+                              "/tinyshakespeare.txt'}";
+
+Config cfg(const std::string& name, const std::string& extra_model, int steps,
+           const std::vector<std::string>& sets = {}) {
+  return parse_config(yaml((tmp() / name).string(), ", vocab_size: 50257" + extra_model, kGpt2Data, steps),
+                      name + ".yaml", sets);
+}
+
+TrainOptions quiet() {
+  TrainOptions o;
+  o.console = false;
+  return o;
+}
+
+struct Cmd {
+  int code;
+  std::string out, err;
+};
+Cmd run(const std::string& cmd) {
+  const std::string o = (tmp() / "cmd.out").string(), e = (tmp() / "cmd.err").string();
+  const int st = std::system((cmd + " >" + o + " 2>" + e).c_str());
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(o), slurp(e)};
+}
+
+}  // namespace
+
+// GPT-2 BPE shards (prepared on first use): the loss falls, two runs agree bit for bit, and
+// 6 steps + resume + 6 equal 12 straight.
+TEST(TrainGpt2, ShardsTrainDeterministicallyAndResumeExactly) {
+  const TrainResult a = run_training(cfg("bpe_a", "", 12), quiet());
+  const TrainResult b = run_training(cfg("bpe_b", "", 12), quiet());
+  ASSERT_EQ(a.losses.size(), 12u);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.weights_sha256, b.weights_sha256);
+  EXPECT_LT(a.losses.back(), a.losses.front() - 0.5) << "the loss did not fall";
+  EXPECT_FALSE(a.sample.empty());
+  TrainOptions first = quiet();
+  first.stop_after = 6;
+  run_training(cfg("bpe_c", "", 12), first);
+  TrainOptions again = quiet();
+  again.resume = true;
+  const TrainResult c = run_training(cfg("bpe_c", "", 12), again);
+  EXPECT_EQ(c.first_step, 6);
+  EXPECT_EQ(std::vector<float>(a.losses.begin() + 6, a.losses.end()), c.losses);
+  EXPECT_EQ(c.weights_sha256, a.weights_sha256);
+  std::printf("  loss %.3f -> %.3f, val %.4f; sample: %.60s...\n", a.losses.front(),
+              a.losses.back(), a.val_loss, a.sample.c_str());
+}
+
+// A run started from exported weights evaluates like the run that wrote them: llm.c FP32,
+// safetensors FP32 and the checkpoint itself all give the same first-step validation loss.
+TEST(TrainGpt2, InitFromLlmcSafetensorsAndCheckpoint) {
+  const TrainResult src = run_training(cfg("src", "", 5), quiet());
+  const std::string ck = latest_checkpoint((tmp() / "src").string());
+  ASSERT_FALSE(ck.empty());
+  const std::string llmc = (tmp() / "src.llmc.bin").string(), st_dir = (tmp() / "src_hf").string();
+  Cmd r = run(std::string(ST_EXPORT_BIN) + " --input " + (tmp() / "src").string() +
+              " --format llmc --output " + llmc);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run(std::string(ST_EXPORT_BIN) + " --input " + ck + " --format safetensors --output " + st_dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(st_dir + "/config.json"));
+  std::printf("  %s", r.out.c_str());
+  // Same weights in every format.
+  const auto w_ck = load_weights(ck).params;
+  EXPECT_EQ(load_weights(llmc).params, w_ck);
+  // A step with a vanishing learning rate leaves the weights as loaded; evaluation then
+  // uses the same validation batches as the source run's last evaluation.
+  const std::vector<std::string> frozen = {"train.lr=1e-30", "train.min_lr=0", "train.warmup_steps=0"};
+  for (const std::string& from : {llmc, st_dir + "/model.safetensors", ck}) {
+    const std::string name = "init_" + std::to_string(std::hash<std::string>{}(from) % 10000);
+    std::vector<std::string> sets = frozen;
+    sets.push_back("model.init_from=" + from);
+    const TrainResult t = run_training(cfg(name, "", 1, sets), quiet());
+    EXPECT_NEAR(t.val_loss, src.val_loss, 1e-6 * src.val_loss) << from;
+    std::printf("  init_from %s: val_loss %.7f (source run %.7f)\n", fs::path(from).filename().c_str(),
+                t.val_loss, src.val_loss);
+  }
+  // The config must describe the same model as the file.
+  const std::string e = error_of([&] {
+    run_training(cfg("mismatch", "", 1, {"model.init_from=" + llmc, "model.n_layer=3"}), quiet());
+  });
+  EXPECT_NE(e.find("n_layer 2 (config 3)"), std::string::npos) << e;
+  std::printf("  %s\n", e.c_str());
+  const std::string e2 = error_of([&] {
+    run_training(cfg("missing", "", 1, {"model.init_from=/nonexistent/model.bin"}), quiet());
+  });
+  EXPECT_NE(e2.find("model.init_from"), std::string::npos) << e2;
+  EXPECT_NE(e2.find("/nonexistent/model.bin"), std::string::npos) << e2;
+}
+
+TEST(TrainGpt2, MissingVocabularyIsAClearError) {
+  const std::string y = (tmp() / "novocab.yaml").string();
+  std::ofstream(y) << yaml((tmp() / "novocab").string(), ", vocab_size: 50257",
+                           "data: {train_path: '" ST_SHARED_DATA_DIR "/tinyshakespeare.txt', tokenizer: gpt2}", 2);
+  const Cmd r = run(std::string(ST_TRAIN_BIN) + " --config " + y +
+                    " --set data.tokenizer_dir=/nonexistent/tok");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("/nonexistent/tok/encoder.json"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  std::printf("  %s", r.err.c_str());
+}
+
+namespace {
+class CleanTmp : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(tmp()); }
+};
+const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
+}  // namespace
