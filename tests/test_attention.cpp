@@ -207,8 +207,7 @@ struct TileCase {
 // T = 77 is no multiple of any tile; Br < Bc leaves key columns of a tile masked for a whole
 // query tile; Br > Bc gives key tiles fully masked for the first rows of a query tile (the
 // backward skips them); 0 is one tile per row; 1 x 5 is many rescaling steps.
-const TileCase kTiles[] = {{16, 32, "16x32"}, {32, 16, "32x16"}, {0, 0, "one tile"},
-                           {1, 5, "1x5"}};
+const TileCase kTiles[] = {{16, 32, "16x32"}, {32, 16, "32x16"}, {0, 0, "one tile"}, {1, 5, "1x5"}};
 constexpr int kT = 77;
 constexpr int kHeads = 3;  // independent random heads per setting (max error over them)
 
@@ -228,7 +227,8 @@ TEST(AttentionReference, Fp64SettingsMatchTo1e12) {
             if (kind == AttentionKind::Baseline && tc.br != 16) continue;
             AttentionConfig cfg = make_cfg(kind, RoundingRule::Gpu, tc.br, tc.bc);
             cfg.causal = causal;
-            const HeadRun r = run_head(cfg, cfg.numerics(DType::F64, 0), T, d, h.q, h.k, h.v, h.dout);
+            const HeadRun r =
+                run_head(cfg, cfg.numerics(DType::F64, 0), T, d, h.q, h.k, h.v, h.dout);
             const double e[] = {rel_err(r.fw.o, h.ref.o), rel_err(r.fw.lse, h.ref.lse),
                                 rel_err(r.dq, h.ref.dq), rel_err(r.dk, h.ref.dk),
                                 rel_err(r.dv, h.ref.dv)};
@@ -246,12 +246,12 @@ TEST(AttentionReference, Fp64SettingsMatchTo1e12) {
 TEST(AttentionReference, Fp32SettingsFarUnder1e5) {
   // All formats FP32 (qkv, scores, probs, accum, out, grads, mac). Error is normalised by
   // max |ref| of the same quantity. Bounds: 1e-6 for O and lse, 4e-6 for the gradients
-  // (measured worst 1.8e-6, flash dK at d = 128). Scores reach |S| ~ 8, where one FP32 ulp
-  // of S (or of the FP32 lse that flash's backward recomputes P from) is ~5e-7 relative in P,
-  // and dS = P (dP - delta) loses a few more bits to cancellation.
+  // (measured worst 2.0e-6, flash dK at d = 128, 1x5 tiles). Scores reach |S| ~ 8, where one
+  // FP32 ulp of S (or of the FP32 lse that flash's backward recomputes P from) is ~5e-7
+  // relative in P, and dS = P (dP - delta) loses a few more bits to cancellation.
   std::printf("  FP32 settings, T=%d, max|x - ref| / max|ref| (max over %d heads):\n", kT, kHeads);
-  std::printf("  %-17s %-9s %4s %9s %9s %9s %9s %9s\n", "backend", "rule", "d", "tiles", "O",
-              "dQ", "dK", "dV");
+  std::printf("  %-17s %-9s %4s %9s %9s %9s %9s %9s\n", "backend", "rule", "d", "tiles", "O", "dQ",
+              "dK", "dV");
   double worst = 0;
   for (RoundingRule rule : {RoundingRule::Gpu, RoundingRule::EveryMac})
     for (int d : {32, 64, 128}) {
@@ -298,8 +298,8 @@ TEST(AttentionReference, Bf16WithinTwiceBaseline) {
   // own GEMMs round every multiply-add to BF16 as well.
   std::printf("  BF16, T=%d: max|x - ref| (max over %d heads) and ratio to baseline:\n", kT,
               kHeads);
-  std::printf("  %-17s %-9s %4s %9s %17s %17s %17s %17s\n", "backend", "rule", "d", "tiles",
-              "O", "dQ", "dK", "dV");
+  std::printf("  %-17s %-9s %4s %9s %17s %17s %17s %17s\n", "backend", "rule", "d", "tiles", "O",
+              "dQ", "dK", "dV");
   for (RoundingRule rule : {RoundingRule::Gpu, RoundingRule::EveryOp, RoundingRule::EveryMac})
     for (int d : {32, 64, 128}) {
       const auto heads = make_heads(kHeads, kT, d, DType::BF16, 300 + d);
@@ -317,8 +317,8 @@ TEST(AttentionReference, Bf16WithinTwiceBaseline) {
           base.max_with(run_head(cfg, cfg.numerics(DType::BF16, 0), kT, d, h.q, h.k, h.v, h.dout),
                         h.ref);
       }
-      std::printf("  %-17s %-9s %4d %9s %9.2e        %9.2e        %9.2e        %9.2e\n",
-                  "baseline", rounding_rule_name(rule), d, "-", base.o, base.dq, base.dk, base.dv);
+      std::printf("  %-17s %-9s %4d %9s %9.2e        %9.2e        %9.2e        %9.2e\n", "baseline",
+                  rounding_rule_name(rule), d, "-", base.o, base.dq, base.dk, base.dv);
       for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::StabilizedFlash})
         for (const TileCase& tc : kTiles) {
           const AttentionConfig cfg = make_cfg(kind, rule, tc.br, tc.bc);
@@ -326,7 +326,8 @@ TEST(AttentionReference, Bf16WithinTwiceBaseline) {
           for (const auto& h : heads)
             e.max_with(run_head(cfg, cfg.numerics(DType::BF16, 0), kT, d, h.q, h.k, h.v, h.dout),
                        h.ref);
-          const double got[4] = {e.o, e.dq, e.dk, e.dv}, lim[4] = {base.o, base.dq, base.dk, base.dv};
+          const double got[4] = {e.o, e.dq, e.dk, e.dv},
+                       lim[4] = {base.o, base.dq, base.dk, base.dv};
           std::printf("  %-17s %-9s %4d %9s", attention_kind_name(kind), rounding_rule_name(rule),
                       d, tc.what);
           for (int i = 0; i < 4; ++i) std::printf(" %9.2e (%4.2f)", got[i], got[i] / lim[i]);
@@ -385,7 +386,9 @@ std::vector<double> all_values(const Fmt& f) {
   return v;
 }
 
-float float_path(float x, DType t) { return t == DType::BF16 ? round_bf16(x) : round_fp16(x); }
+float float_path(float x, DType t) {
+  return t == DType::BF16 ? round_bf16(x) : round_fp16(x);
+}
 
 }  // namespace
 
@@ -419,10 +422,11 @@ TEST(RoundFmt, MidpointsPlusMinusOneDoubleUlpNoDoubleRounding) {
         EXPECT_EQ(round_fmt(sgn * m, f.t), sgn * even) << dtype_name(f.t) << " tie at " << m;
       }
     }
-    std::printf("  %s: %lld midpoint cases, round_fmt wrong in %lld; the naive double->float->%s"
-                " path is wrong in %lld\n",
-                dtype_name(f.t), static_cast<long long>(checked), static_cast<long long>(bad),
-                dtype_name(f.t), static_cast<long long>(naive_wrong));
+    std::printf(
+        "  %s: %lld midpoint cases, round_fmt wrong in %lld; the naive double->float->%s"
+        " path is wrong in %lld\n",
+        dtype_name(f.t), static_cast<long long>(checked), static_cast<long long>(bad),
+        dtype_name(f.t), static_cast<long long>(naive_wrong));
     EXPECT_EQ(bad, 0);
     EXPECT_GT(naive_wrong, 1000) << "the midpoint cases do not exercise double rounding";
   }
@@ -454,7 +458,7 @@ TEST(RoundFmt, RandomDoublesAgainstReference) {
     EXPECT_TRUE(std::signbit(round_fmt(-1e-300, f.t)) && round_fmt(-1e-300, f.t) == 0.0);
   }
   // FP32 and FP64: the hardware conversion, RNE from the double.
-  EXPECT_EQ(round_fmt(1.0 + 0x1p-24, DType::F32), 1.0);                   // tie -> even
+  EXPECT_EQ(round_fmt(1.0 + 0x1p-24, DType::F32), 1.0);                      // tie -> even
   EXPECT_EQ(round_fmt(1.0 + 0x1p-24 + 0x1p-52, DType::F32), 1.0 + 0x1p-23);  // just above
   EXPECT_EQ(round_fmt(1.0 + 0x1p-52, DType::F64), 1.0 + 0x1p-52);
 }
@@ -475,13 +479,15 @@ TEST(RoundFmt, AgreesWithFloatPath) {
     for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
       const float x = bits_float(hi << 16 | lo);
       ++n;
-      if (!same(x, DType::BF16) && bad++ < 5) ADD_FAILURE() << "bf16 bits " << std::hex << (hi << 16 | lo);
+      if (!same(x, DType::BF16) && bad++ < 5)
+        ADD_FAILURE() << "bf16 bits " << std::hex << (hi << 16 | lo);
     }
   for (uint32_t hi = 0; hi < 0x80000u; ++hi)
     for (uint32_t lo : {0x0000u, 0x0fffu, 0x1000u, 0x1001u, 0x1fffu}) {
       const float x = bits_float(hi << 13 | lo);
       ++n;
-      if (!same(x, DType::F16) && bad++ < 5) ADD_FAILURE() << "fp16 bits " << std::hex << (hi << 13 | lo);
+      if (!same(x, DType::F16) && bad++ < 5)
+        ADD_FAILURE() << "fp16 bits " << std::hex << (hi << 13 | lo);
     }
   Rng rng(11);
   for (int i = 0; i < (1 << 22); ++i) {
@@ -648,7 +654,9 @@ TEST(AttentionSpec, RescaleHandWorked) {
   // All FP32: the FP64 answer to FP32 precision.
   const RefHead ref = reference_head(3, 1, true, q, k, v, {});
   EXPECT_NEAR(forward_head(make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 1, 1), DType::F32, 3,
-                           1, q, k, v).o[2], ref.o[2], 1e-7);
+                           1, q, k, v)
+                  .o[2],
+              ref.o[2], 1e-7);
 }
 
 TEST(AttentionSpec, PaperBitExample) {
@@ -656,7 +664,7 @@ TEST(AttentionSpec, PaperBitExample) {
   // BF16 values of the same binade; their sum -4.703125 lies exactly between the BF16
   // neighbours -4.6875 (even) and -4.71875 (ulp 2^-5 in [4, 8)).
   const double a = -2.40625, b = -0.0008697509765625, c = -2.296875;  // b = -228 * 2^-18
-  EXPECT_EQ(a + b + c, -4.7039947509765625);  // exact in double (and in FP32)
+  EXPECT_EQ(a + b + c, -4.7039947509765625);               // exact in double (and in FP32)
   EXPECT_EQ(round_fmt(a + b + c, DType::BF16), -4.71875);  // the small term sets sticky: away
   EXPECT_EQ(round_fmt(a + c, DType::BF16), -4.6875);       // exact tie: to even
   EXPECT_EQ(round_bf16(static_cast<float>(a + b + c)), -4.71875f);
@@ -682,8 +690,8 @@ TEST(AttentionSpec, PaperBitExample) {
   cfg.accum.reset();  // gpu default: FP32 O~ and l
   const HeadForward fw = forward_head(cfg, DType::BF16, 3, 1, q, k, v);
   EXPECT_EQ(fw.o[2], -2.34375);
-  EXPECT_EQ(fw.o32[2], static_cast<double>(static_cast<float>(-4.7039947509765625 /
-                                                              2.0008697509765625)));
+  EXPECT_EQ(fw.o32[2],
+            static_cast<double>(static_cast<float>(-4.7039947509765625 / 2.0008697509765625)));
   // The FP64 softmax of the same row, rounded once to BF16, is the FP32-accumulator answer.
   const RefHead ref = reference_head(3, 1, true, q, k, v, {});
   EXPECT_EQ(round_fmt(ref.o[2], DType::BF16), -2.34375);
@@ -696,7 +704,9 @@ TEST(AttentionSpec, StabilizedHandWorked) {
   Vec k = {2.0, -3.125, 2.0};
   AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
   cfg.accum = DType::BF16;
-  auto row2 = [&](const AttentionConfig& c) { return forward_head(c, DType::BF16, 3, 1, q, k, v).o[2]; };
+  auto row2 = [&](const AttentionConfig& c) {
+    return forward_head(c, DType::BF16, 3, 1, q, k, v).o[2];
+  };
   // flash: m = 2.75, P~ = (1, 228 * 2^-18, 1) as before -> O = -2.359375 (biased along v).
   EXPECT_EQ(row2(cfg), -2.359375);
   // stabilized, beta = 2: two entries within tol of r_m = 2.75 > 0, so m' = 2 * 2.75 = 5.5
@@ -770,36 +780,54 @@ TEST(AttentionSpec, BackwardRulesHandWorked) {
       //   dS = (0 | 0.380859375, -0.35546875 | -1.046875, 0.98046875, 0.048828125)
       //   dQ_2 = R(-1.046875 * -1.25 + 0.98046875 * -1.5 (key tile 0) + 0.048828125 * 1.6875
       //        (key tile 1)) = R(-0.0797119...) = -0.07958984375
-      {AttentionKind::Flash, RoundingRule::Gpu, {0.0, 0.05712890625, -0.07958984375},
-       {-1.4140625, 1.3203125, -0.0673828125}, {-5.21875, -0.3125, 0.0244140625}},
+      {AttentionKind::Flash,
+       RoundingRule::Gpu,
+       {0.0, 0.05712890625, -0.07958984375},
+       {-1.4140625, 1.3203125, -0.0673828125},
+       {-5.21875, -0.3125, 0.0244140625}},
       // flash every_op: S - lse and P~ in BF16: lse = (1.171875, 11.395182, 2.608632)
       //   P  = (1 | 0.1328125, 0.86328125 | 0.41015625, 0.578125, 0.00738525390625)
       //   dP = (-31.25 | -13.125, -16.375 | 16.875, 21.125, 26.125)  (BF16)
       //   delta = (-31.25, -16, 19.375); dS = (0 | 0.3828125, -0.32421875 | -1.0234375,
       //   1.015625, 0.0498046875); partials and accumulators BF16
-      {AttentionKind::Flash, RoundingRule::EveryOp, {0.0, 0.0078125, -0.16015625},
-       {-1.46875, 1.0390625, -0.068359375}, {-5.21875, -0.314453125, 0.02490234375}},
+      {AttentionKind::Flash,
+       RoundingRule::EveryOp,
+       {0.0, 0.0078125, -0.16015625},
+       {-1.46875, 1.0390625, -0.068359375},
+       {-5.21875, -0.314453125, 0.02490234375}},
       // flash every_mac: the forward's BF16 P~V sum gives O_1 = 6.0625, delta_1 = -15.9375,
       //   dS_1 = (0.373046875, -0.376953125); the rest as every_op
-      {AttentionKind::Flash, RoundingRule::EveryMac, {0.0, 0.0986328125, -0.158203125},
-       {-1.390625, 1.4296875, -0.068359375}, {-5.21875, -0.3125, 0.02490234375}},
+      {AttentionKind::Flash,
+       RoundingRule::EveryMac,
+       {0.0, 0.0986328125, -0.158203125},
+       {-1.390625, 1.4296875, -0.068359375},
+       {-5.21875, -0.3125, 0.02490234375}},
       // baseline gpu: P = (1 | 0.1328125, 0.8671875 | 0.412109375, 0.58203125, 0.00732421875)
       //   dP = R_bf16(dO v) = (-31.25 | -13.125, -16.375 | 16.875, 21.125, 26.125)
       //   delta = R_fp32(sum P dP) = (-31.25, -15.943359375, 19.44110107421875)
       //   dS = (0 | 0.375, -0.375 | -1.0546875, 0.98046875, 0.049072265625)
       //   dQ = R(dS K) once: (0, R(0.09375), R(-0.0695343...)) = (0, 0.09375, -0.0693359375)
-      {AttentionKind::Baseline, RoundingRule::Gpu, {0.0, 0.09375, -0.0693359375},
-       {-1.359375, 1.4609375, -0.0673828125}, {-5.21875, -0.3125, 0.024658203125}},
+      {AttentionKind::Baseline,
+       RoundingRule::Gpu,
+       {0.0, 0.09375, -0.0693359375},
+       {-1.359375, 1.4609375, -0.0673828125},
+       {-5.21875, -0.3125, 0.024658203125}},
       // baseline every_op: P = (1 | 0.1328125, 0.86328125 | 0.412109375, 0.578125,
       //   0.007293701171875); delta = R_bf16(sum P dP) = (-31.25, -15.875, 19.375)
       //   dS = (0 | 0.365234375, -0.431640625 | -1.03125, 1.015625, 0.04931640625)
-      {AttentionKind::Baseline, RoundingRule::EveryOp, {0.0, 0.19140625, -0.1513671875},
-       {-1.3203125, 1.84375, -0.06787109375}, {-5.21875, -0.314453125, 0.024658203125}},
+      {AttentionKind::Baseline,
+       RoundingRule::EveryOp,
+       {0.0, 0.19140625, -0.1513671875},
+       {-1.3203125, 1.84375, -0.06787109375},
+       {-5.21875, -0.314453125, 0.024658203125}},
       // baseline every_mac: the same dS, each multiply-add of the GEMMs rounded: dV_0 =
       //   R(R(-6.25 + 0.1328125 * -2.625) + 0.412109375 * 3.375) = R(-6.59375 + 1.3908691...)
       //   = R(-5.2028809) = -5.1875 (every_op, one rounding of -5.2077637: -5.21875)
-      {AttentionKind::Baseline, RoundingRule::EveryMac, {0.0, 0.1904296875, -0.1513671875},
-       {-1.3125, 1.8359375, -0.06787109375}, {-5.1875, -0.314453125, 0.024658203125}},
+      {AttentionKind::Baseline,
+       RoundingRule::EveryMac,
+       {0.0, 0.1904296875, -0.1513671875},
+       {-1.3125, 1.8359375, -0.06787109375},
+       {-5.1875, -0.314453125, 0.024658203125}},
   };
   for (const Case& c : cases) {
     const AttentionConfig cfg = make_cfg(c.kind, c.rule, 2, 2);
@@ -819,8 +847,8 @@ namespace {
 // Rows whose every key tile has its top two FP64 scores more than tol + margin apart: no
 // rounding of S by less than margin / 2 can make them tie, so the stabilized shift never
 // fires and the row must match flash bit for bit.
-std::vector<bool> clearly_untied_rows(int T, int d, int bc, const Vec& q, const Vec& k,
-                                      double tol, double margin) {
+std::vector<bool> clearly_untied_rows(int T, int d, int bc, const Vec& q, const Vec& k, double tol,
+                                      double margin) {
   std::vector<bool> ok(T, true);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   for (int t = 0; t < T; ++t)
@@ -911,7 +939,8 @@ TEST(StabilizedFlash, TiedMaximaCloseToFp64) {
     for (int i = 0; i < d; ++i) q[t * d + i] = 0.5 * q[t * d + i] + 0.6 * w[i];
   const int pairs[][2] = {{3, 4}, {10, 11}, {31, 32}, {40, 41}, {60, 61}};
   for (const auto& p : pairs)
-    for (int i = 0; i < d; ++i) k[p[0] * d + i] = k[p[1] * d + i] = 0.5 * k[p[0] * d + i] + 0.7 * w[i];
+    for (int i = 0; i < d; ++i)
+      k[p[0] * d + i] = k[p[1] * d + i] = 0.5 * k[p[0] * d + i] + 0.7 * w[i];
   struct Setting {
     DType f;
     RoundingRule rule;
@@ -931,8 +960,8 @@ TEST(StabilizedFlash, TiedMaximaCloseToFp64) {
       {DType::BF16, RoundingRule::EveryOp, {}, {}, 7, 3, "bf16 every_op"},
       {DType::BF16, RoundingRule::EveryOp, {}, DType::F32, 7, 2, "bf16 every_op scores=fp32"},
   };
-  std::printf("  %-26s %-4s %9s %9s %9s %9s  %s\n", "setting", "beta", "baseline", "flash",
-              "stab", "limit", "tied rows, rows the shift changed");
+  std::printf("  %-26s %-4s %9s %9s %9s %9s  %s\n", "setting", "beta", "baseline", "flash", "stab",
+              "limit", "tied rows, rows the shift changed");
   for (const Setting& st : settings) {
     const DType f = st.f;
     const Vec qr = rounded(q, f), kr = rounded(k, f), vr = rounded(v, f);
@@ -949,8 +978,8 @@ TEST(StabilizedFlash, TiedMaximaCloseToFp64) {
     HeadForward fs;
     head_forward(sc, sc.numerics(f, 0), T, d, qr.data(), kr.data(), vr.data(), fs, true);
     const double eb = max_err(ob, ref.o), ef = max_err(ff.o, ref.o), es = max_err(fs.o, ref.o);
-    const double limit = f == DType::F32 ? 1e-6 * max_abs(ref.o)
-                                         : st.factor * eb + std::ldexp(max_abs(ref.o), -9);
+    const double limit =
+        f == DType::F32 ? 1e-6 * max_abs(ref.o) : st.factor * eb + std::ldexp(max_abs(ref.o), -9);
     int changed = 0;
     for (int t = 0; t < T; ++t)
       for (int i = 0; i < d; ++i)
@@ -1022,8 +1051,9 @@ TEST(StabilizedFlash, UnderflowLargePositiveTiedMaximum) {
     const HeadForward b = u.run(make_cfg(AttentionKind::Baseline, rule), f);
     ASSERT_TRUE(all_finite(s.o) && all_finite(s.lse)) << dtype_name(f) << ": l = 0 or NaN";
     const double err = max_err(s.o, ref.o), eb = max_err(b.o, ref.o);
-    std::printf("  r_m = 20, beta = 7, %s: max|O - ref| = %.2e (baseline %.2e), max|lse - ref| = %.2e\n",
-                dtype_name(f), err, eb, max_err(s.lse, ref.lse));
+    std::printf(
+        "  r_m = 20, beta = 7, %s: max|O - ref| = %.2e (baseline %.2e), max|lse - ref| = %.2e\n",
+        dtype_name(f), err, eb, max_err(s.lse, ref.lse));
     if (f == DType::F32) {
       EXPECT_LT(err, 1e-6 * max_abs(ref.o));
       EXPECT_LT(max_err(s.lse, ref.lse), 1e-5);  // |lse| ~ 20: a few FP32 ulps
@@ -1185,8 +1215,10 @@ TEST(AttentionStats, ConstructedCountsThroughAttentionClass) {
           }
         EXPECT_NEAR(st[h].mean_entropy(), H / (B * T), 1e-12);
         if (h == 1 && kind == AttentionKind::Baseline && dt == DType::F64)
-          std::printf("  head 1: mean entropy %.15f (direct %.15f); b2's uniform rows give "
-                      "ln 1 .. ln 6\n", st[h].mean_entropy(), H / (B * T));
+          std::printf(
+              "  head 1: mean entropy %.15f (direct %.15f); b2's uniform rows give "
+              "ln 1 .. ln 6\n",
+              st[h].mean_entropy(), H / (B * T));
       }
     }
   // Off unless asked for.
@@ -1361,7 +1393,8 @@ TEST(AttentionClass, DeltaModes) {
   std::printf("  BF16 gpu flash, max_t |delta - exact| / sum_j |dO O|:\n");
   for (int i = 0; i < 5; ++i)
     std::printf("    %-15s %.2e\n", delta_mode_name(modes[i]), rel(dl[i], h.ref.delta));
-  std::printf("    o_split vs o_fp32 %.2e, o vs o_fp32 %.2e\n", rel(dl[1], dl[2]), rel(dl[0], dl[2]));
+  std::printf("    o_split vs o_fp32 %.2e, o vs o_fp32 %.2e\n", rel(dl[1], dl[2]),
+              rel(dl[0], dl[2]));
   const double acc_tol = (d + 1) * 0x1p-24 * 2;  // FP32 accumulation, with room
   EXPECT_LT(rel(dl[0], rowsum(fw.o)), acc_tol);
   EXPECT_LT(rel(dl[2], rowsum(fw.o32)), acc_tol);
