@@ -254,3 +254,33 @@ TEST(TrainBadInput, UnimplementedFeaturesAreRefusedLoudly) {
     std::printf("  %s", r.err.c_str());
   }
 }
+
+TEST(TrainConfig, PerLayerBackendsAndFp32Heads) {
+  Config c = config("perlayer", "bf16");  // 2 layers, 2 heads
+  c.attention.layer_backends = "1:stabilized_flash";
+  c.attention.fp32_out_heads = "0.1, 1.0";
+  c.attention.accum = "bf16";
+  const auto layers = attention_configs(c);
+  ASSERT_EQ(layers.size(), 2u);
+  EXPECT_EQ(layers[0].kind, AttentionKind::Baseline);
+  EXPECT_EQ(layers[1].kind, AttentionKind::StabilizedFlash);
+  EXPECT_EQ(layers[0].fp32_out_heads, std::vector<int>{1});
+  EXPECT_EQ(layers[1].fp32_out_heads, std::vector<int>{0});
+  EXPECT_EQ(layers[1].numerics(DType::BF16, 0).out, DType::F32);
+  EXPECT_EQ(layers[1].numerics(DType::BF16, 1).out, DType::BF16);
+  EXPECT_EQ(layers[1].numerics(DType::BF16, 1).accum, DType::BF16);
+  for (const auto& [key, bad] : std::vector<std::pair<std::string, std::string>>{
+           {"layer_backends", "2:flash"}, {"layer_backends", "1=flash"},
+           {"layer_backends", "0:flashy"}, {"fp32_out_heads", "0.2"}, {"fp32_out_heads", "x.1"}}) {
+    Config b = c;
+    (key == "layer_backends" ? b.attention.layer_backends : b.attention.fp32_out_heads) = bad;
+    try {
+      attention_configs(b);
+      ADD_FAILURE() << key << "='" << bad << "' was accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("perlayer.yaml"), std::string::npos) << msg;
+      std::printf("  %-28s -> %s\n", (key + "=" + bad).c_str(), msg.c_str());
+    }
+  }
+}

@@ -134,7 +134,12 @@ std::vector<AttentionConfig> attention_configs(const Config& c) {
   for (const std::string& item : split(a.layer_backends, ',')) {
     const auto kv = split(item, ':');
     if (kv.size() != 2) fail(lb, ": '", item, "' is not LAYER:BACKEND (e.g. 2:flash)");
-    layers[parse_index(kv[0], c.model.n_layer, lb, "layer")].kind = parse_attention_kind(kv[1]);
+    const int l = parse_index(kv[0], c.model.n_layer, lb, "layer");
+    try {
+      layers[l].kind = parse_attention_kind(kv[1]);
+    } catch (const Error& e) {
+      fail(lb, ": ", e.what());
+    }
   }
   const std::string fh = c.source + ": attention.fp32_out_heads";
   for (const std::string& item : split(a.fp32_out_heads, ',')) {
