@@ -356,12 +356,13 @@ void Gpt2Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
       bpe(p, out, true);
       continue;
     }
-    auto it = cache_.find(std::string(p));
+    key_.assign(p.data(), p.size());  // reuses its buffer: no allocation per lookup
+    auto it = cache_.find(key_);
     if (it == cache_.end()) {
       if (cache_.size() >= kCacheMax) cache_.clear();
       std::vector<int32_t> ids;
       bpe(p, ids, false);
-      it = cache_.emplace(std::string(p), std::move(ids)).first;
+      it = cache_.emplace(key_, std::move(ids)).first;
     }
     out.insert(out.end(), it->second.begin(), it->second.end());
   }

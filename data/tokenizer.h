@@ -75,6 +75,7 @@ class Gpt2Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;  // (a << 32 | b) -> merge
   std::unordered_map<std::string, std::vector<int32_t>> cache_;  // piece -> ids
   std::vector<std::string_view> pieces_;        // scratch
+  std::string key_;                             // scratch: cache lookup key
   int32_t eot_ = -1;
 };
 

@@ -23,6 +23,11 @@
 #include "core/timing_backend.h"
 #include "model/gpt2.h"
 
+namespace st {  // tools/bench_tokenizer.cpp
+int run_tokenizer_bench(const std::string& input, const std::string& vocab_dir,
+                        const std::string& node_pkg, const std::string& node_script, int reps);
+}
+
 using namespace st;
 
 namespace {
@@ -211,7 +216,24 @@ int main(int argc, char** argv) {
   backends->add_option("--precision", bprec, "comma-separated precisions");
   backends->add_option("--steps", bsteps, "training steps")->check(CLI::PositiveNumber);
   backends->add_option("--threads", threads, "threads (0: OpenMP default)");
+  auto* tokb = app.add_subcommand("tokenizer", "GPT-2 BPE throughput (MB/s) vs node gpt-3-encoder");
+  std::string tok_input = "../shared/data/tinyshakespeare.txt";
+  std::string tok_vocab = "../shared/data/gpt2-tokenizer", tok_node = ST_NPM_PKG_DIR;
+  int tok_reps = 5;
+  tokb->add_option("--input", tok_input, "text file")->capture_default_str();
+  tokb->add_option("--tokenizer-dir", tok_vocab, "encoder.json + vocab.bpe")->capture_default_str();
+  tokb->add_option("--node-pkg", tok_node, "gpt-3-encoder folder ('' : no comparison)")->capture_default_str();
+  tokb->add_option("--reps", tok_reps, "warm repetitions")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (tokb->parsed()) {
+    try {
+      std::ifstream probe(tok_node + "/Encoder.js");
+      return run_tokenizer_bench(tok_input, tok_vocab, probe ? tok_node : "", ST_NODE_SCRIPT, tok_reps);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench: %s\n", e.what());
+      return 1;
+    }
+  }
   if (backends->parsed()) {
     try {
       return run_backends(data_path, bprec, bsteps, threads);

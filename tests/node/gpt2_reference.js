@@ -5,13 +5,15 @@
 //                                                                 match of the package's pattern
 //   node gpt2_reference.js PKG_DIR classes OUT_FILE                 one byte per code point
 //                                                                 0..0x10FFFF: L N S (\s) or O
+//   node gpt2_reference.js PKG_DIR bench TEXT_FILE                  milliseconds of encode():
+//                                                                 first (cold cache), best of 2 more
 // TEXT_FILE is read as UTF-8, as the package's users do.
 'use strict';
 const fs = require('fs');
 const path = require('path');
 const [pkg, mode, a, b] = process.argv.slice(2);
 
-if (mode === 'encode') {
+if (mode === 'encode' || mode === 'bench') {
   const { encode } = require(path.resolve(pkg));
   const text = fs.readFileSync(a, 'utf-8');
   // encode() appends each piece's ids with `bpe_tokens = bpe_tokens.concat(new_tokens)`,
@@ -26,12 +28,18 @@ if (mode === 'encode') {
     return this;
   };
   let ids;
+  const ms = [];
   try {
-    ids = encode(text);
+    for (let i = 0; i < (mode === 'bench' ? 3 : 1); ++i) {
+      const t0 = process.hrtime.bigint();
+      ids = encode(text);
+      ms.push(Number(process.hrtime.bigint() - t0) / 1e6);
+    }
   } finally {
     Array.prototype.concat = concat;
   }
-  fs.writeFileSync(b, ids.join('\n') + '\n');
+  if (mode === 'bench') console.log(ms[0].toFixed(3), Math.min(...ms.slice(1)).toFixed(3));
+  else fs.writeFileSync(b, ids.join('\n') + '\n');
 } else if (mode === 'pretokenize') {
   // The pattern literal, taken from the package's own source.
   const src = fs.readFileSync(path.join(pkg, 'Encoder.js'), 'utf-8');
