@@ -130,8 +130,8 @@ SweepPlan make_plan(bool quick, int max_T, int every_mac_max_T, int heads_overri
   const int dseq = quick ? 32 : 64, Tfix = quick ? 256 : 1024;
   for (Tile tile : {Tile{64, 64}, Tile{16, 16}, Tile{0, 0}})
     for (int T : Ts) add("seq", T, dseq, tile);
-  for (Tile tile : {Tile{16, 16}, Tile{32, 32}, Tile{64, 64}, Tile{128, 128}, Tile{64, 16},
-                    Tile{16, 64}, Tile{0, 0}})
+  for (Tile tile : {Tile{16, 16}, Tile{32, 32}, Tile{64, 64}, Tile{128, 128}, Tile{256, 256},
+                    Tile{64, 16}, Tile{16, 64}, Tile{0, 0}})
     add("tile", Tfix, dseq, tile);
   for (int d : quick ? std::vector<int>{32, 64} : std::vector<int>{32, 64, 128})
     add("dim", quick ? 128 : 1024, d, Tile{64, 64});
@@ -152,12 +152,12 @@ Variant baseline_variant(const Setting& s, int h) {
   return {s.f, false, r, s.T, s.d, h, Tile{0, 0}};
 }
 
-// Emulation cost in ns per multiply-add (both matmuls), measured on the 2-core machine
-// (T = 1024, d = 64): used only to order jobs and estimate the run time.
+// Emulation CPU cost in ns per multiply-add (both matmuls), approximate, from the 2-core
+// development machine: used only to order jobs and estimate the run time.
 double ns_per_mac(DType f, RoundingRule r) {
-  if (f == DType::F64) return 1.0;
-  if (r == RoundingRule::EveryMac) return f == DType::F16 ? 35.0 : 8.5;
-  return 1.5;
+  if (f == DType::F64) return 0.6;
+  if (r == RoundingRule::EveryMac) return f == DType::F16 ? 20.0 : 5.0;
+  return 0.85;
 }
 double head_macs(int T, int d) { return static_cast<double>(T) * (T + 1) / 2 * d * 2; }
 
@@ -189,16 +189,17 @@ std::string golden_key(DType f, int T, int d, int h) {
 
 struct SettingRow {
   VariantResult flash, base;  // merged over heads
+  DeviationStats golden;      // |O_golden| (the scale the errors are measured against)
 };
 
 void print_sweep_table(const std::vector<Setting>& settings, const std::vector<SettingRow>& rows,
                        const std::string& section, const char* title) {
   std::printf("\n### %s\n\n", title);
   std::printf(
-      "| fmt | rule | T | d | Br x Bc | heads | flash max o32 | flash mean o32 | flash std o32 "
+      "| fmt | rule | T | d | Br x Bc | heads | mean abs O_gold | flash max o32 | flash mean o32 | flash std o32 "
       "| base max o32 | base mean o32 | base std o32 | x max o32 | x mean o32 | flash max O "
       "| flash mean O | base max O | base mean O | x max O | x mean O |\n");
-  std::printf("|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+  std::printf("|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
   auto ratio = [](double a, double b, char* buf) {
     if (b > 0)
       std::snprintf(buf, 16, "%.2f", a / b);
@@ -216,9 +217,10 @@ void print_sweep_table(const std::vector<Setting>& settings, const std::vector<S
     ratio(F.o.max, B.o.max, r3);
     ratio(F.o.mean(), B.o.mean(), r4);
     std::printf(
-        "| %s | %s | %d | %d | %s | %d | %.3e | %.3e | %.3e | %.3e | %.3e | %.3e | %s | %s | "
-        "%.3e | %.3e | %.3e | %.3e | %s | %s |\n",
-        dtype_name(s.f), rule_name(s.rule), s.T, s.d, s.tile.str().c_str(), s.heads, F.o32.max,
+        "| %s | %s | %d | %d | %s | %d | %.3e | %.3e | %.3e | %.3e | %.3e | %.3e | %.3e | %s | "
+        "%s | %.3e | %.3e | %.3e | %.3e | %s | %s |\n",
+        dtype_name(s.f), rule_name(s.rule), s.T, s.d, s.tile.str().c_str(), s.heads,
+        rows[i].golden.mean(), F.o32.max,
         F.o32.mean(), F.o32.sd(), B.o32.max, B.o32.mean(), B.o32.sd(), r1, r2, F.o.max,
         F.o.mean(), B.o.max, B.o.mean(), r3, r4);
   }
@@ -226,16 +228,18 @@ void print_sweep_table(const std::vector<Setting>& settings, const std::vector<S
 
 // Flash/baseline factors per format and rule over the sequence-length sweep at one tile.
 void print_factor_table(const std::vector<Setting>& settings, const std::vector<SettingRow>& rows,
-                        const std::string& tile) {
-  std::printf("\n### Flash / baseline factor per rule (seq sweep, tile %s): min-max over T\n\n",
-              tile.c_str());
+                        const std::string& tile, int T_lo, int T_hi) {
+  const std::string range =
+      T_lo <= 128 && T_hi >= (1 << 20) ? "all T" : "T " + std::to_string(T_lo) + "-" + std::to_string(T_hi);
+  std::printf("\n### Flash / baseline factor per rule (seq sweep, tile %s, %s): min-max over T\n\n",
+              tile.c_str(), range.c_str());
   std::printf("| fmt | rule | T range | x mean o32 | x max o32 | x mean O | x max O |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::map<std::pair<int, int>, std::vector<size_t>> groups;  // (fmt, rule) -> rows
   std::vector<std::pair<int, int>> order;
   for (size_t i = 0; i < settings.size(); ++i) {
     const Setting& s = settings[i];
-    if (s.section != "seq" || s.tile.str() != tile) continue;
+    if (s.section != "seq" || s.tile.str() != tile || s.T < T_lo || s.T > T_hi) continue;
     const auto key = std::make_pair(static_cast<int>(s.f), static_cast<int>(s.rule));
     if (!groups.count(key)) order.push_back(key);
     groups[key].push_back(i);
@@ -288,7 +292,7 @@ int run_sweep(bool quick, const std::string& csv_path, int threads, uint64_t see
       }
     }
   double est = 0;
-  for (const auto& g : goldens) est += head_macs(std::get<1>(g), std::get<2>(g)) * 1.0e-9;
+  for (const auto& g : goldens) est += head_macs(std::get<1>(g), std::get<2>(g)) * 0.6e-9;
   for (const auto& v : variants) est += head_macs(v.T, v.d) * ns_per_mac(v.f, v.rule) * 1e-9;
   const int nthreads = threads > 0 ? threads : omp_get_max_threads();
   std::fprintf(stderr,
@@ -302,6 +306,7 @@ int run_sweep(bool quick, const std::string& csv_path, int threads, uint64_t see
   const std::string load0 = loadavg();
   // Phase 1: goldens, largest first.
   std::vector<std::vector<double>> gold(goldens.size());
+  std::vector<DeviationStats> gold_abs(goldens.size());
   std::vector<size_t> gorder(goldens.size());
   for (size_t i = 0; i < gorder.size(); ++i) gorder[i] = i;
   std::stable_sort(gorder.begin(), gorder.end(), [&](size_t a, size_t b) {
@@ -318,6 +323,7 @@ int run_sweep(bool quick, const std::string& csv_path, int threads, uint64_t see
     c.kind = AttentionKind::Baseline;
     HeadForward fw;
     head_forward(c, n64, T, d, q.data(), k.data(), v.data(), fw);
+    for (double o : fw.o) gold_abs[gorder[oi]].add(std::fabs(o));
     gold[gorder[oi]] = std::move(fw.o);
   }
   const double t1 = now_s();
@@ -370,6 +376,7 @@ int run_sweep(bool quick, const std::string& csv_path, int threads, uint64_t see
       rows[i].base.o32.merge(B.o32);
       rows[i].base.o.merge(B.o);
       rows[i].base.seconds += B.seconds;
+      rows[i].golden.merge(gold_abs[gindex.at(golden_key(s.f, s.T, s.d, h))]);
     }
   }
 
@@ -386,7 +393,8 @@ int run_sweep(bool quick, const std::string& csv_path, int threads, uint64_t see
       "%.1f thread-s in variant heads; load average %s at start, %s at end; seed %llu.\n",
       variants.size(), goldens.size(), nthreads, t2 - t0, t1 - t0, cpu, load0.c_str(),
       loadavg().c_str(), static_cast<unsigned long long>(seed));
-  print_factor_table(plan.settings, rows, "64x64");
+  print_factor_table(plan.settings, rows, "64x64", 0, 1 << 30);
+  print_factor_table(plan.settings, rows, "64x64", 256, 1024);  // RESEARCH.md section 4's range
   print_sweep_table(plan.settings, rows, "seq", "Sequence length sweep (d fixed, tiles 64x64, 16x16, row)");
   print_sweep_table(plan.settings, rows, "tile", "Tile sweep (T and d fixed)");
   print_sweep_table(plan.settings, rows, "dim", "Head-dim sweep (T fixed, tile 64x64)");
@@ -406,13 +414,14 @@ int run_sweep(bool quick, const std::string& csv_path, int threads, uint64_t see
                  "# max/mean/std_o32: max, mean, population std of |O32 - O_golden|, O32 = O before "
                  "its final rounding; *_o: the same for the stored O (format f).\n"
                  "# ratio_*: flash / baseline of the named statistic (same on both rows of a "
-                 "setting; empty when baseline's is 0). cpu_seconds: emulation time of this "
-                 "row's heads.\n",
+                 "setting; empty when baseline's is 0). mean_abs_golden: mean |O_golden| (the "
+                 "scale of O). thread_seconds: wall time of the threads computing this row's "
+                 "heads (the machine may be shared).\n",
                  quick ? " --quick" : "", static_cast<unsigned long long>(seed));
     std::fprintf(fp,
                  "format,rule,T,d,block_q,block_k,backend,heads,elements,max_o32,mean_o32,std_o32,"
                  "max_o,mean_o,std_o,ratio_max_o32,ratio_mean_o32,ratio_max_o,ratio_mean_o,"
-                 "cpu_seconds\n");
+                 "mean_abs_golden,thread_seconds\n");
     std::set<std::string> seen;
     for (size_t i = 0; i < plan.settings.size(); ++i) {
       const Setting& s = plan.settings[i];
@@ -431,11 +440,11 @@ int run_sweep(bool quick, const std::string& csv_path, int threads, uint64_t see
                              "," + rat(F.o.max, B.o.max) + "," + rat(F.o.mean(), B.o.mean());
       for (int b = 0; b < 2; ++b) {
         const VariantResult& R = b == 0 ? F : B;
-        std::fprintf(fp, "%s,%s,%d,%d,%d,%d,%s,%d,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e,%s,%.3f\n",
+        std::fprintf(fp, "%s,%s,%d,%d,%d,%d,%s,%d,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e,%s,%.6e,%.3f\n",
                      dtype_name(s.f), rule_name(s.rule), s.T, s.d, s.tile.br, s.tile.bc,
                      b == 0 ? "flash" : "baseline", s.heads, static_cast<long long>(R.o.n),
                      R.o32.max, R.o32.mean(), R.o32.sd(), R.o.max, R.o.mean(), R.o.sd(),
-                     rr.c_str(), R.seconds);
+                     rr.c_str(), rows[i].golden.mean(), R.seconds);
       }
     }
     std::fclose(fp);
