@@ -1,6 +1,7 @@
 #include "data/dataset.h"
 
 #include <filesystem>
+#include <sstream>
 
 #include "core/error.h"
 #include "data/prepare.h"
@@ -80,9 +81,8 @@ void prepare_missing(const DataSpec& spec, const std::function<void(const std::s
   if (log) log("preparing " + spec.train_path + " and " + spec.val_path + " from " + spec.prepare_from);
   const PrepareSummary s = prepare_shards(o);
   if (log) {
-    std::string t = s.text();
-    while (!t.empty() && t.back() == '\n') t.pop_back();
-    log(t);
+    std::istringstream lines(s.text());
+    for (std::string l; std::getline(lines, l);) log(l);
   }
 }
 

@@ -121,6 +121,7 @@ class Preparer {
         total += static_cast<int64_t>(sz);
       }
     total_ = total;
+    if (o_.progress) o_.progress(0, total_);
     int64_t stream = 0;  // bytes of the train inputs
     for (const std::string& p : o_.inputs) stream += static_cast<int64_t>(fs::file_size(p));
     const int64_t split =

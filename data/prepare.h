@@ -30,7 +30,8 @@ struct PrepareOptions {
   std::string train_pattern, val_pattern;
   int64_t shard_tokens = 100000000;     // tokens per shard (llm.c uses 1e8)
   bool overwrite = false;               // replace existing files matching the patterns
-  std::function<void(int64_t done, int64_t total)> progress;  // input bytes processed
+  // Input bytes processed: called with done = 0 once tokenizing starts, then per slice.
+  std::function<void(int64_t done, int64_t total)> progress;
   std::string input_what = "--input", val_what = "--val-input";  // option names, for errors
 };
 

@@ -19,6 +19,7 @@
 #include "data/prepare.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
+#include "train/config.h"
 
 namespace fs = std::filesystem;
 using namespace st;
@@ -320,6 +321,19 @@ TEST(Dataset, PrepareFromWritesMissingShards) {
   EXPECT_EQ(a.val.to_vector(), b.val.to_vector());
   EXPECT_EQ(a.train.size() + a.val.size(), 338025 + 2);  // the node count plus two EOTs
   std::printf("  %s\n", b.description.c_str());
+}
+
+// The shipped configs parse, and the default one names shards it can prepare.
+TEST(Dataset, ShippedConfigsParse) {
+  const std::string dir = ST_TEST_DATA_DIR "/../../configs/";
+  for (const char* name : {"tiny_shakespeare.yaml", "tiny_shakespeare_bytes.yaml", "gpt2_small.yaml"}) {
+    const Config c = load_config(dir + name);
+    EXPECT_EQ(c.model.vocab_size, c.data.tokenizer == "gpt2" ? 50257 : 256) << name;
+  }
+  const Config d = load_config(dir + "tiny_shakespeare.yaml");
+  EXPECT_EQ(d.data.tokenizer, "gpt2");
+  EXPECT_TRUE(reads_as_shards(d.data.train_path, d.data.format));
+  EXPECT_FALSE(d.data.prepare_from.empty());
 }
 
 namespace {

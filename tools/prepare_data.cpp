@@ -32,8 +32,12 @@ std::string unescape(const std::string& s) {
 // A progress bar on stderr: redrawn in place on a terminal, a line per 10% otherwise.
 class Progress {
  public:
-  explicit Progress(bool tty) : tty_(tty), t0_(std::chrono::steady_clock::now()) {}
+  explicit Progress(bool tty) : tty_(tty) {}
   void operator()(int64_t done, int64_t total) {
+    if (done == 0) {  // the start, after the vocabulary is loaded
+      t0_ = std::chrono::steady_clock::now();
+      return;
+    }
     const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
     if (pct == last_ || (!tty_ && pct / 10 == last_ / 10 && pct != 100)) return;
     last_ = pct;
