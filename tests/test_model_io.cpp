@@ -352,6 +352,15 @@ TEST(TrainGpt2, InitFromLlmcSafetensorsAndCheckpoint) {
   EXPECT_NE(e2.find("/nonexistent/model.bin"), std::string::npos) << e2;
 }
 
+// A model vocabulary larger than GPT-2's (llm.c's padded 50304 as vocab_size) still samples
+// only ids the tokenizer can decode.
+TEST(TrainGpt2, SampleWithLargerModelVocabulary) {
+  Config c = parse_config(yaml((tmp() / "v50304").string(), ", vocab_size: 50304", kGpt2Data, 2),
+                          "v50304.yaml", {"train.sample_tokens=200"});
+  const TrainResult r = run_training(c, quiet());
+  EXPECT_FALSE(r.sample.empty());
+}
+
 TEST(TrainGpt2, MissingVocabularyIsAClearError) {
   const std::string y = (tmp() / "novocab.yaml").string();
   std::ofstream(y) << yaml((tmp() / "novocab").string(), ", vocab_size: 50257",

@@ -426,7 +426,10 @@ double Run::evaluate() {
 }
 
 std::string Run::sample() {
-  const int V = model_->config().vocab_size, Vp = model_->config().vp();
+  const int Vp = model_->config().vp();
+  // Only ids the tokenizer can decode (model.vocab_size may be larger than GPT-2's 50257).
+  const int V = tokenizer_ ? std::min(model_->config().vocab_size, tokenizer_->vocab_size())
+                           : model_->config().vocab_size;
   const int maxT = std::min(model_->config().max_seq_len, cfg_.train.seq_len);
   // GPT-2 samples start from <|endoftext|> (a document start), byte-level ones from '\n'.
   std::vector<int32_t> toks{tokenizer_ ? tokenizer_->eot() : int32_t{'\n'}};
