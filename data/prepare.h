@@ -10,7 +10,8 @@
 //     floor(bytes x val_fraction) bytes (moved forward to a UTF-8 character boundary) are the
 //     validation split, the same bytes the byte-level text loader holds out; a document that
 //     straddles the cut is split in two, the validation part starting with its own EOT;
-//   - bytes that are not valid UTF-8 are tokenized losslessly (tokenizer.h) and counted.
+//   - bytes that are not valid UTF-8 are tokenized losslessly (tokenizer.h) and counted;
+//   - each input file is read whole; tokens stream into shards as they fill.
 #pragma once
 #include <cstdint>
 #include <functional>
