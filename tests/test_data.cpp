@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/dataset.h"
@@ -24,27 +25,19 @@
 namespace fs = std::filesystem;
 using namespace st;
 
+using st::test::slurp;
+using st::test::sh;
+
 namespace {
 
-const std::string kVocabDir = ST_SHARED_DATA_DIR "/gpt2-tokenizer";
+using st::test::kVocabDir;
 const std::string kShakespeare = ST_SHARED_DATA_DIR "/tinyshakespeare.txt";
 
 const fs::path& tmp() {
-  static const fs::path p = [] {
-    fs::path d = fs::temp_directory_path() / ("st_data_" + std::to_string(getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
+  static const fs::path p = st::test::make_scratch_dir("st_data_");
   return p;
 }
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::string write(const std::string& name, const std::string& bytes) {
   const std::string p = (tmp() / name).string();

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -22,24 +23,16 @@
 namespace fs = std::filesystem;
 using namespace st;
 
+using st::test::slurp;
+using st::test::sh;
+
 namespace {
 
 const fs::path& tmp() {
-  static const fs::path p = [] {
-    fs::path d = fs::temp_directory_path() / ("st_io_" + std::to_string(getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
+  static const fs::path p = st::test::make_scratch_dir("st_io_");
   return p;
 }
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::string error_of(const std::function<void()>& f) {
   try {

@@ -12,23 +12,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int sh(const std::string& cmd) {
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-}  // namespace
+using st::test::sh;
+using st::test::slurp;
 
 TEST(SafetensorsTorch, ExportLossMatchesTrainEvaluation) {
   ASSERT_EQ(sh("/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null"), 0)

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
@@ -14,21 +15,18 @@
 namespace fs = std::filesystem;
 using namespace st;
 
+using st::test::slurp;
+using st::test::sh;
+
 namespace {
 
-const std::string kVocabDir = ST_SHARED_DATA_DIR "/gpt2-tokenizer";
+using st::test::kVocabDir;
 
 Gpt2Tokenizer& tok() {
   static Gpt2Tokenizer t(kVocabDir);
   return t;
 }
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> pieces(const std::string& s) {
   std::vector<std::string_view> v;

@@ -15,37 +15,27 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
 
 namespace fs = std::filesystem;
 using namespace st;
 
+using st::test::slurp;
+using st::test::sh;
+
 namespace {
 
-const std::string kVocabDir = ST_SHARED_DATA_DIR "/gpt2-tokenizer";
+using st::test::kVocabDir;
 const std::string kPkg = ST_NPM_PREFIX "/node_modules/gpt-3-encoder";
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 const fs::path& tmp() {
-  static const fs::path p = [] {
-    fs::path d = fs::temp_directory_path() / ("st_node_" + std::to_string(getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
+  static const fs::path p = st::test::make_scratch_dir("st_node_");
   return p;
 }
 
-int sh(const std::string& cmd) {
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 // Installs the package once (under a lock: ctest runs test cases in parallel processes).
 void ensure_package() {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
 #include "core/rng.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -18,15 +19,12 @@
 namespace fs = std::filesystem;
 using namespace st;
 
+using st::test::slurp;
+
 namespace {
 
 const fs::path& tmp_root() {
-  static const fs::path p = [] {
-    fs::path r = fs::temp_directory_path() / ("st_trainer_test_" + std::to_string(getpid()));
-    fs::remove_all(r);
-    fs::create_directories(r);
-    return r;
-  }();
+  static const fs::path p = st::test::make_scratch_dir("st_trainer_test_");
   return p;
 }
 
@@ -66,10 +64,6 @@ TrainOptions quiet() {
   return o;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
 
 struct Cmd {
   int code;

@@ -1,0 +1,40 @@
+// Small helpers shared by the test programs.
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace st::test {
+
+// A whole file's bytes ("" if it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// A fresh directory under the system temp dir, unique to this process (emptied if left
+// over from an earlier process with the same pid).
+inline std::filesystem::path make_scratch_dir(const std::string& prefix) {
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() / (prefix + std::to_string(getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// Runs a shell command; its exit status, or -1 if it did not exit normally.
+inline int sh(const std::string& cmd) {
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+#ifdef ST_SHARED_DATA_DIR
+inline const std::string kVocabDir = ST_SHARED_DATA_DIR "/gpt2-tokenizer";
+#endif
+
+}  // namespace st::test
