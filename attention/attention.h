@@ -61,6 +61,9 @@ class Attention {
   // dqkv is overwritten. out and lse are the forward's results for the same qkv.
   virtual void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                         const Tensor& out, const Tensor& lse, int n_head, DType fmt) = 0;
+  // Turns statistics collection in forward on or off (AttentionConfig::collect_stats).
+  // Backends without statistics keep stats() empty.
+  virtual void set_collect_stats(bool on) {}
   // Statistics of the last forward, one entry per head (empty unless collect_stats).
   virtual const std::vector<AttentionHeadStats>& stats() const {
     static const std::vector<AttentionHeadStats> none;

@@ -34,6 +34,10 @@ class AttentionCpu : public Attention {
   explicit AttentionCpu(const AttentionConfig& cfg) : cfg_(cfg) {}
   std::string name() const override { return attention_kind_name(cfg_.kind); }
   const std::vector<AttentionHeadStats>& stats() const override { return stats_; }
+  void set_collect_stats(bool on) override {
+    cfg_.collect_stats = on;
+    if (!on) stats_.clear();
+  }
 
   void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
                DType fmt) override {

@@ -87,8 +87,10 @@ GPT2::GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
   }
   ST_CHECK(attn.size() == 1 || static_cast<int>(attn.size()) == cfg_.n_layer, "GPT2: ",
            attn.size(), " attention configs for ", cfg_.n_layer, " layers");
-  for (int l = 0; l < cfg_.n_layer; ++l)
-    attn_.push_back(be_.make_attention(attn[attn.size() == 1 ? 0 : l]));
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    attn_cfg_.push_back(attn[attn.size() == 1 ? 0 : l]);
+    attn_.push_back(be_.make_attention(attn_cfg_.back()));
+  }
   LossScalerConfig lsc = ls;
   lsc.enabled = compute_ == DType::F16;
   scaler_ = LossScaler(lsc);
@@ -251,6 +253,7 @@ void GPT2::backward(int grad_accum_steps) {
     // a.dresidual now holds d(residual2[l]) = d(attproj[l]).
     be_.matmul_backward(a.datty, grads_[kAttprojw][l], grads_[kAttprojb][l], a.dresidual,
                         a.atty[l], params_[kAttprojw][l], f);
+    if (observer_) observer_(AttentionTaps{l, a.qkv[l], a.atty[l], a.datty, a.ln1[l]});
     attn_[l]->backward(a.dqkv, a.datty, a.qkv[l], a.atty[l], a.lse[l], cfg_.n_head, f);
     be_.matmul_backward(a.dbtc, grads_[kQkvw][l], grads_[kQkvb][l], a.dqkv, a.ln1[l],
                         params_[kQkvw][l], f);
@@ -260,10 +263,14 @@ void GPT2::backward(int grad_accum_steps) {
   be_.encoder_backward(grads_[kWte], grads_[kWpe], a.dresidual, a.tokens, f);
 }
 
-StepStats GPT2::step(float lr, const OptimConfig& opt) {
+void GPT2::set_collect_attention_stats(bool on) {
+  for (auto& a : attn_) a->set_collect_stats(on);
+}
+
+StepStats GPT2::step(float lr, const OptimConfig& opt, std::optional<double> sum_squares) {
   StepStats s;
   s.loss_scale = scaler_.scale();
-  const double ss = be_.sum_squares(grads_flat_);
+  const double ss = sum_squares ? *sum_squares : grad_sum_squares();
   s.grad_norm = std::sqrt(ss) / scaler_.scale();
   s.skipped = scaler_.update(std::isfinite(ss));
   if (s.skipped) return s;

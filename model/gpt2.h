@@ -14,7 +14,9 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,18 @@ struct StepStats {
   float loss_scale = 1.0f;
 };
 
+// What one layer's attention saw in the backward pass (all (B, T, ...) views of the
+// backend's tensors, valid only during the call): the stability hooks recompute the
+// attention from these (train/hooks.h).
+struct AttentionTaps {
+  int layer = 0;
+  Tensor qkv;   // (B, T, 3C) attention input
+  Tensor out;   // (B, T, C) stored O
+  Tensor dout;  // (B, T, C) gradient arriving at O
+  Tensor ln1;   // (B, T, C) layernorm output feeding the QKV projection
+};
+using AttentionObserver = std::function<void(const AttentionTaps&)>;
+
 class GPT2 {
  public:
   // attn: one config for every layer, or one per layer (per-layer backends and overrides).
@@ -86,12 +100,23 @@ class GPT2 {
   // accumulate the mean gradient; the loss scale (fp16) multiplies it.
   void backward(int grad_accum_steps = 1);
   // Clip, AdamW with lr, zero nothing (call zero_grad before the next accumulation).
-  StepStats step(float lr, const OptimConfig& opt);
+  // sum_squares: grad_sum_squares() when the caller already has it (saves a pass).
+  StepStats step(float lr, const OptimConfig& opt, std::optional<double> sum_squares = {});
+  // Sum of squares of the (loss-scaled) gradients, in FP64.
+  double grad_sum_squares() const { return be_.sum_squares(grads_flat_); }
+
+  // Instrumentation. The observer (when set) is called in backward() for every layer,
+  // right before that layer's attention backward. Attention statistics are collected in
+  // forward() while enabled (Attention::stats()).
+  void set_attention_observer(AttentionObserver obs) { observer_ = std::move(obs); }
+  void set_collect_attention_stats(bool on);
+  const std::vector<AttentionConfig>& attention_configs() const { return attn_cfg_; }
 
   // Views for tests and tools (storage dtype of the backend).
   Tensor param(int id) const { return params_[id]; }
   const Attention& attention(int layer) const { return *attn_.at(layer); }
   Tensor grad(int id) const { return grads_[id]; }
+  Tensor grads_flat() const { return grads_flat_; }
   const Tensor& logits() const { return acts_.logits; }  // (B,T,Vp) after forward
   const Tensor& losses() const { return acts_.losses; }  // (B,T)
   int adam_step() const { return adam_t_; }
@@ -123,6 +148,8 @@ class GPT2 {
   Backend& be_;
   DType compute_, storage_, stat_;
   std::vector<std::unique_ptr<Attention>> attn_;  // one per layer
+  std::vector<AttentionConfig> attn_cfg_;          // one per layer
+  AttentionObserver observer_;
   int64_t nparams_ = 0;
   std::array<int64_t, kNumParams> offsets_{};
   Tensor params_flat_, grads_flat_, master_, m_, v_;

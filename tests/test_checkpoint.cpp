@@ -46,6 +46,7 @@ CheckpointState random_state(uint64_t seed, int32_t elem_bytes, size_t n_params)
   s.rng_state = random_bytes(g, 40);
   s.data_state = random_bytes(g, 24);
   s.elapsed_s = 1234.5678 + double(g() % 100) * 1e-3;
+  s.hooks_state = random_bytes(g, 56);
   return s;
 }
 
@@ -74,6 +75,7 @@ void expect_same(const CheckpointState& a, const CheckpointState& b) {
   EXPECT_TRUE(a.rng_state == b.rng_state);
   EXPECT_TRUE(a.data_state == b.data_state);
   EXPECT_TRUE(same_bits(a.elapsed_s, b.elapsed_s));
+  EXPECT_EQ(a.hooks_state, b.hooks_state);
 }
 
 Bytes read_file(const std::string& p) {
@@ -204,9 +206,9 @@ TEST_F(Checkpoint, ByteLayoutMatchesTheDocumentedFormat) {
   const CheckpointState s = random_state(7, 4, 100);
   const Bytes b = saved(s);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 8), "STCKPT01");
-  EXPECT_EQ(le(b, 8, 4), 1u);
+  EXPECT_EQ(le(b, 8, 4), 2u);
   const std::vector<Rec> recs = walk(b);
-  EXPECT_EQ(recs.size(), 19u);
+  EXPECT_EQ(recs.size(), 20u);
   const Rec step = find(b, "step");
   EXPECT_EQ(step.type, 2u);
   EXPECT_EQ(step.len, 8u);
@@ -269,12 +271,32 @@ TEST_F(Checkpoint, WrongMagic) {
 
 TEST_F(Checkpoint, UnsupportedVersion) {
   const Bytes b = saved(random_state(6, 4, 10));
-  for (uint32_t ver : {0u, 2u, 0xffffffffu}) {
+  for (uint32_t ver : {0u, 3u, 0xffffffffu}) {
     Bytes c = b;
     set_le(c, 8, 4, ver);
     fix_trailer(c);
     expect_error(c, {"unsupported checkpoint format version", std::to_string(ver).c_str()});
   }
+}
+
+// Version 1 (before the stability hooks) had no hooks_state record: still read, with the
+// state empty; a version-2 file without it is refused.
+TEST_F(Checkpoint, Version1WithoutHooksStateIsRead) {
+  CheckpointState st = random_state(9, 4, 10);
+  st.hooks_state = {1, 2, 3, 4, 5};
+  const Bytes b = saved(st);
+  const Rec r = find(b, "hooks_state");
+  Bytes c = b;
+  c.erase(c.begin() + long(r.off), c.begin() + long(r.off + r.total));
+  fix_trailer(c);
+  expect_error(c, {"missing record 'hooks_state'"});
+  set_le(c, 8, 4, 1);
+  fix_trailer(c);
+  write_file(path("v1.ckpt"), c);
+  const CheckpointState got = load_checkpoint(path("v1.ckpt"));
+  EXPECT_TRUE(got.hooks_state.empty());
+  EXPECT_EQ(got.master, st.master);
+  EXPECT_EQ(got.step, st.step);
 }
 
 TEST_F(Checkpoint, BadRecordsWithValidChecksum) {

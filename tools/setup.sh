@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-mapfile -t pkgs < <(grep -v '^#' tools/debian-packages.txt | tr ' ' '\n' | grep .)
+mapfile -t pkgs < <(cat tools/debian-packages.txt tools/debian-packages-test.txt | grep -v '^#' |
+  tr ' ' '\n' | grep .)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

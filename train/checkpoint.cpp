@@ -1,6 +1,7 @@
-// Checkpoint file format, version 1. All integers little-endian.
+// Checkpoint file format, version 2 (version 1 = the same without the hooks_state record;
+// still read). All integers little-endian.
 //
-//   header   magic "STCKPT01" (8 bytes), format version (u32 = 1)
+//   header   magic "STCKPT01" (8 bytes), format version (u32: 2; 1 is read too)
 //   records  repeated up to the trailer, one per CheckpointState field, in any order:
 //              name length (u16, 1..64), name (ASCII, no terminator),
 //              type (u8: 1 i32, 2 i64, 3 f32, 4 f64, 5 bytes, 6 string),
@@ -59,6 +60,7 @@ void visit_fields(S& s, F&& f) {
   f("rng_state", s.rng_state);
   f("data_state", s.data_state);
   f("elapsed_s", s.elapsed_s);
+  f("hooks_state", s.hooks_state);  // since version 2
 }
 
 // Same members in the same order: catches (most) fields added without updating the list.
@@ -73,6 +75,7 @@ struct LayoutV1 {
   int32_t h;
   std::vector<uint8_t> i[2];
   double j;
+  std::vector<uint8_t> k;
 };
 static_assert(sizeof(CheckpointState) == sizeof(LayoutV1),
               "CheckpointState changed: update visit_fields() and the format comment");
@@ -323,9 +326,10 @@ void parse_records(Reader& r, CheckpointState& s) {
   uint8_t hb[kHeaderBytes];  // magic (already checked) and version, through the hash
   r.get(hb, kHeaderBytes);
   const uint32_t version = get_le<uint32_t>(hb + kMagicBytes);
-  if (version != kCheckpointVersion)
+  if (version < 1 || version > kCheckpointVersion)
     throw FormatError("unsupported checkpoint format version " + std::to_string(version) +
-                      " (this build reads version " + std::to_string(kCheckpointVersion) + ")");
+                      " (this build reads versions 1.." + std::to_string(kCheckpointVersion) +
+                      ")");
   size_t num_fields = 0;
   visit_fields(s, [&](const char*, auto&) { ++num_fields; });
   std::vector<bool> seen(num_fields, false);
@@ -364,7 +368,9 @@ void parse_records(Reader& r, CheckpointState& s) {
   }
   size_t idx = 0;
   visit_fields(s, [&](const char* field_name, auto&) {
-    if (!seen[idx++]) throw FormatError(std::string("missing record '") + field_name + "'");
+    const bool optional = version < 2 && std::strcmp(field_name, "hooks_state") == 0;
+    if (!seen[idx++] && !optional)
+      throw FormatError(std::string("missing record '") + field_name + "'");
   });
 }
 

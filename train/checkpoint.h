@@ -13,7 +13,7 @@
 namespace st {
 
 inline constexpr char kCheckpointMagic[9] = "STCKPT01";  // first 8 bytes of every file
-inline constexpr uint32_t kCheckpointVersion = 1;        // the only version this build reads
+inline constexpr uint32_t kCheckpointVersion = 2;        // written; versions 1..2 are read
 
 struct CheckpointState {
   // Identity of the run, checked on resume.
@@ -38,6 +38,9 @@ struct CheckpointState {
   std::vector<uint8_t> data_state;
   // Wall time so far (so elapsed keeps counting across resumes).
   double elapsed_s = 0.0;
+  // Stability-hook state (train/hooks.h: power-iteration vectors, delta-drift sums, spike
+  // detector window), so a resumed run's diagnostics continue exactly. Empty in version 1.
+  std::vector<uint8_t> hooks_state;
 };
 
 // Writes atomically to `path`; returns the hex SHA-256 of the master weights bytes. On

@@ -29,7 +29,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The field a key lives in; the alternative is the key's type (an enum is a string with
 // choices).
-using Ref = std::variant<int*, uint64_t*, double*, std::string*>;
+using Ref = std::variant<int*, uint64_t*, double*, std::string*, bool*>;
 
 struct Bounds {
   double lo = -kInf, hi = kInf;
@@ -134,7 +134,27 @@ const Key kSchema[] = {
     {ST_KEY(attention, fp32_out_heads), any(),
      "layer.head pairs with FP32 stored O, e.g. '2.8,2.3'"},
 
-    {ST_KEY(hooks, every), at_least(0), "stability hooks every N steps; 0: off"},
+    {ST_KEY(hooks, every), at_least(0),
+     "stability hooks every N steps and at every checkpoint; 0: off"},
+    {ST_KEY(hooks, spectral), any(), "spectral.csv: sigma_max of every weight matrix and head slice"},
+    {ST_KEY(hooks, power_tol), open(0, 1),
+     "power iteration: stop when the relative residual of A^T A v is <= tol"},
+    {ST_KEY(hooks, power_iters), closed(1, 100000), "power iteration: cap per matrix per call"},
+    {ST_KEY(hooks, grad_norms), any(), "grad_norms.csv: gradient norm of every slice"},
+    {ST_KEY(hooks, attn_stats), any(), "attn_stats.csv: max logit, ties, P=1 count, entropy"},
+    {ST_KEY(hooks, delta_drift), any(),
+     "delta_drift.csv: delta and dW_Q error vs an FP64 recompute (Qiu & Yao)"},
+    {ST_KEY(hooks, drift_rows), at_least(0),
+     "delta drift: sequences of the micro-batch recomputed; 0: all"},
+    {ST_KEY(hooks, reference_run), any(),
+     "run directory; at each checkpoint, W1 / max|dW| vs its same-step checkpoint"},
+    {ST_KEY(hooks, spike_z), at_least(0),
+     "loss/grad-norm spike: z-score above this; 0: detection off"},
+    {ST_KEY(hooks, spike_window), closed(2, 1000000), "spike detection: steps in the running window"},
+    {ST_KEY(hooks, spike_warmup), at_least(2), "spike detection: steps seen before it can fire"},
+    {ST_KEY(hooks, spike_snapshot), any(),
+     "on a spike, write spike_ckpt_N.bin: the state before the update"},
+    {ST_KEY(hooks, spike_skip), any(), "on a spike, skip the update"},
 };
 #undef ST_KEY
 
@@ -234,10 +254,12 @@ std::string yaml_value(const Key& k, Config& c) {
     const std::string s = shortest(**p);
     return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;
   }
+  if (auto p = std::get_if<bool*>(&r)) return **p ? "true" : "false";
   return yaml_string(*std::get<std::string*>(r));
 }
 
-// A key's type: the index of its Ref alternative (0 int, 1 uint64, 2 double, 3 string).
+// A key's type: the index of its Ref alternative (0 int, 1 uint64, 2 double, 3 string,
+// 4 bool).
 size_t type_of(const Key& k) {
   static Config probe;
   return k.ref(probe).index();
@@ -340,6 +362,9 @@ void assign(const Key& k, Config& c, const Raw& raw, const std::string& where) {
     if (!std::isfinite(v)) expected("a finite number");
     check_range(k, v, s, where);
     **p = v;
+  } else if (auto p = std::get_if<bool*>(&r)) {
+    if (raw.shape || (s != "true" && s != "false")) expected("true or false");
+    **p = s == "true";
   } else {
     std::string* str = std::get<std::string*>(r);
     if (k.choices) {  // a sequence or mapping fails here too, with the list of choices
@@ -491,14 +516,14 @@ std::string config_to_yaml(const Config& config) {
 }
 
 std::string config_help() {
-  static const char* types[] = {"int", "uint64", "float", "string"};
+  static const char* types[] = {"int", "uint64", "float", "string", "bool"};
   Config defaults;
   std::vector<std::vector<std::string>> rows;  // key, type, default, range, description
   for (const Key& k : kSchema) {
     const size_t t = type_of(k);
     rows.push_back({k.name, k.choices ? "enum" : types[t], yaml_value(k, defaults),
                     k.choices ? k.choices
-                    : t == 3  ? "-"
+                    : t >= 3  ? "-"
                               : bounds_text(k.bounds, t == 0, false),
                     k.desc});
   }

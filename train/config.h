@@ -77,8 +77,22 @@ struct AttentionSection {
   std::string fp32_out_heads;  // "2.8,2.3": layer.head pairs whose stored O is FP32
 };
 
+// Stability instrumentation (train/hooks.h, file formats in docs/run_files.md).
 struct HooksSection {
-  int every = 0;  // stability hooks every N steps; 0: off (hooks land in their own issue)
+  int every = 100;  // hooks every N steps and at every checkpoint; 0: off
+  bool spectral = true;
+  double power_tol = 1e-4;  // relative residual ||A^T A v - rho v|| / rho
+  int power_iters = 1000;
+  bool grad_norms = true;
+  bool attn_stats = true;
+  bool delta_drift = true;
+  int drift_rows = 0;  // 0: every sequence of the step's last micro-batch
+  std::string reference_run;
+  double spike_z = 6.0;  // 0: off
+  int spike_window = 100;
+  int spike_warmup = 20;
+  bool spike_snapshot = false;
+  bool spike_skip = false;
 };
 
 struct Config {

@@ -28,6 +28,7 @@
 #include "model/io.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
+#include "train/hooks.h"
 
 namespace fs = std::filesystem;
 
@@ -234,6 +235,9 @@ class Run {
   void build();
   void restore(const std::string& path);
   std::string save(int64_t step, double elapsed_s);
+  // The state before step `step`'s update, with the loader where it stood before the step.
+  void save_spike_snapshot(int64_t step, double elapsed_s, const DataLoader::State& ds);
+  CheckpointState checkpoint_state(int64_t step, double elapsed_s) const;
   double evaluate();
   std::string sample();
   void write_metrics(const nlohmann::ordered_json& j);
@@ -244,6 +248,7 @@ class Run {
   std::shared_ptr<spdlog::logger> log_;
   std::unique_ptr<Backend> be_;
   std::unique_ptr<GPT2> model_;
+  std::unique_ptr<StabilityHooks> hooks_;
   TokenData data_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<Gpt2Tokenizer> tokenizer_;  // gpt2 data: decodes the sample
@@ -288,10 +293,7 @@ void Run::open_logs() {
 }
 
 void Run::build() {
-  // Accepted by the schema for the issues that implement them; refused loudly until then.
-  if (cfg_.hooks.every > 0)
-    fail(cfg_.source, ": hooks.every = ", cfg_.hooks.every, ": stability hooks are not "
-         "implemented yet (instrumentation issue); set hooks.every: 0");
+  check_reference_run(cfg_);
   DataSpec ds;
   ds.train_path = cfg_.data.train_path;
   ds.val_path = cfg_.data.val_path;
@@ -353,6 +355,7 @@ void Run::restore(const std::string& path) {
   model_->sync_params_from_master();
   model_->set_adam_step(static_cast<int>(s.adam_step));
   model_->loss_scaler().set_state(s.loss_scale, s.loss_scale_good_steps);
+  hooks_->resume(s.step, s.hooks_state);
   rng_.set_state(pod_from<Rng::State>(s.rng_state, "rng_state", path));
   train_loader_->set_state(pod_from<DataLoader::State>(s.data_state, "data_state", path));
   step_ = s.step;
@@ -371,7 +374,7 @@ void Run::restore(const std::string& path) {
   for (const auto& l : keep) out << l << "\n";
 }
 
-std::string Run::save(int64_t step, double elapsed_s) {
+CheckpointState Run::checkpoint_state(int64_t step, double elapsed_s) const {
   CheckpointState s;
   s.config_yaml = config_to_yaml(cfg_);
   s.step = step;
@@ -393,6 +396,23 @@ std::string Run::save(int64_t step, double elapsed_s) {
   s.rng_state = pod_bytes(rng_.state());
   s.data_state = pod_bytes(train_loader_->state());
   s.elapsed_s = elapsed_s;
+  s.hooks_state = hooks_->state();
+  return s;
+}
+
+void Run::save_spike_snapshot(int64_t step, double elapsed_s, const DataLoader::State& ds) {
+  CheckpointState s = checkpoint_state(step - 1, elapsed_s);
+  s.data_state = pod_bytes(ds);
+  char name[64];
+  std::snprintf(name, sizeof name, "spike_ckpt_%08lld.bin", static_cast<long long>(step));
+  const std::string sha = save_checkpoint(dir_ + "/" + name, s);
+  log_->warn("step {}: spike snapshot {} (the state before this step's update; copy it to "
+             "{} in a new run directory to resume from it)", step, name, checkpoint_name(step - 1));
+  hooks_->event(step, "snapshot", {{"file", name}, {"weights_sha256", sha}});
+}
+
+std::string Run::save(int64_t step, double elapsed_s) {
+  const CheckpointState s = checkpoint_state(step, elapsed_s);
   const std::string path = dir_ + "/" + checkpoint_name(step);
   const std::string sha = save_checkpoint(path, s);
   last_ckpt_ = path;
@@ -405,6 +425,7 @@ std::string Run::save(int64_t step, double elapsed_s) {
       all.erase(all.begin());
     }
   }
+  hooks_->at_checkpoint(step);
   return sha;
 }
 
@@ -467,6 +488,7 @@ TrainResult Run::go() {
   build();  // everything that can be refused (config, data, model) before any file is written
   prepare_dir();
   open_logs();
+  hooks_ = std::make_unique<StabilityHooks>(cfg_, *model_, dir_, log_);
   if (!resume_from_.empty()) restore(resume_from_);
   {
     std::ofstream c(dir_ + "/config.yaml");
@@ -505,8 +527,11 @@ TrainResult Run::go() {
   };
   double tok_time = 0;
   int64_t tok_count = 0;
+  if (resume_from_.empty()) hooks_->at_start();
   while (step_ < stop) {
     const auto t0 = std::chrono::steady_clock::now();
+    const DataLoader::State data_at_start = train_loader_->state();
+    hooks_->begin_step(step_ + 1);
     model_->zero_grad();
     double loss = 0;
     for (int a = 0; a < A; ++a) {
@@ -517,14 +542,31 @@ TrainResult Run::go() {
         fail("step ", step_ + 1, ": the training loss is ", model_->mean_loss(),
              "; stopping (last good checkpoint: ", last_ckpt_,
              "). Lower train.lr, raise train.warmup_steps or use a wider precision.compute");
+      if (a == A - 1) hooks_->before_last_backward(step_ + 1);
       model_->backward(A);
     }
+    hooks_->after_backward(step_ + 1);
     const float lr = sched.at(static_cast<int>(step_));
-    const StepStats st = model_->step(lr, oc);
+    std::optional<double> ss;
+    SpikeDecision spike;
+    if (cfg_.hooks.spike_z > 0) {
+      ss = model_->grad_sum_squares();
+      spike = hooks_->check_spike(step_ + 1, loss, std::sqrt(*ss) / model_->loss_scaler().scale());
+      if (spike.snapshot) save_spike_snapshot(step_ + 1, elapsed(), data_at_start);
+    }
+    StepStats st;
+    if (spike.skip) {
+      st.grad_norm = std::sqrt(*ss) / model_->loss_scaler().scale();
+      st.loss_scale = model_->loss_scaler().scale();
+    } else {
+      st = model_->step(lr, oc, ss);
+    }
     if (st.skipped && !model_->loss_scaler().enabled())
       fail("step ", step_ + 1, ": non-finite gradients; stopping (last good checkpoint: ",
            last_ckpt_, ")");
+    if (st.skipped) hooks_->event(step_ + 1, "overflow", {{"loss_scale", st.loss_scale}});
     ++step_;
+    hooks_->after_update(step_);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(B) * T * A / dt;
     tok_time += dt;
@@ -536,6 +578,8 @@ TrainResult Run::go() {
       j["loss_scale"] = st.loss_scale;
       j["skipped"] = st.skipped;
     }
+    if (spike.spike) j["spike"] = true;
+    if (spike.skip) j["spike_skipped"] = true;
     write_metrics(j);
     if (step_ % cfg_.train.log_every == 0 || step_ == stop) {
       const double eta = (stop - step_) * (tok_time / static_cast<double>(step_ - res.first_step));
@@ -563,6 +607,12 @@ TrainResult Run::go() {
     res.sample = sample();
     log_->info("sample:\n{}", res.sample);
   }
+  if (hooks_->enabled() || hooks_->seconds() > 0) {
+    const double total = elapsed() - elapsed_prev_;
+    log_->info("hooks: {:.2f} s of this invocation's {:.1f} s ({:.1f}%)", hooks_->seconds(), total,
+               total > 0 ? 100.0 * hooks_->seconds() / total : 0.0);
+  }
+  res.hook_seconds = hooks_->seconds();
   log_->info("done: {} steps, {:.0f} tokens/s, val_loss {:.4f}, run directory {}", step_,
              res.tokens_per_s, res.val_loss, dir_);
   spdlog::drop("train");

@@ -25,6 +25,7 @@ struct TrainResult {
   double val_loss = 0.0;           // last evaluation
   double tokens_per_s = 0.0;       // mean over this call's steps
   std::string sample;              // text sample at the end (if enabled)
+  double hook_seconds = 0.0;       // wall time spent in the stability hooks
 };
 
 TrainResult run_training(const Config& cfg, const TrainOptions& opt);

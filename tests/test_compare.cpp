@@ -1,0 +1,704 @@
+// The weight-distance library (analysis/weight_distance.h) and the `compare` tool: exact W1
+// on hand-computed cases and against an independent CDF-integral formula, the weight slices'
+// layout, and `compare` end to end on tiny runs of the real `train` binary (identical runs
+// give exactly 0, other seeds are cross-checked against scipy by an independent Python
+// reader, and every class of bad input gives one line on stderr and writes nothing).
+//
+// Suite names start with "compare_" so that `ctest -R compare` selects them all.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "analysis/slices.h"
+#include "analysis/weight_distance.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+using namespace st;
+using st::test::slurp;
+
+namespace {
+
+// ---------------------------------------------------------------- references
+
+// W1 as the integral of |F_a(x) - F_b(x)| over x (the CDF form, as scipy computes it):
+// independent of the quantile-merge formulation in weight_distance.cpp.
+double w1_cdf(std::vector<double> a, std::vector<double> b) {
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::vector<double> all = a;
+  all.insert(all.end(), b.begin(), b.end());
+  std::sort(all.begin(), all.end());
+  long double sum = 0;
+  for (size_t k = 0; k + 1 < all.size(); ++k) {
+    const double x = all[k];
+    const long double fa =
+        (long double)(std::upper_bound(a.begin(), a.end(), x) - a.begin()) / a.size();
+    const long double fb =
+        (long double)(std::upper_bound(b.begin(), b.end(), x) - b.begin()) / b.size();
+    sum += std::fabs(fa - fb) * ((long double)all[k + 1] - x);
+  }
+  return static_cast<double>(sum);
+}
+
+std::vector<double> random_values(Rng& r, size_t n, double scale) {
+  std::vector<double> v(n);
+  for (auto& x : v) x = scale * r.normal();
+  return v;
+}
+
+GPT2Config small_config() {
+  GPT2Config c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.max_seq_len = 5;
+  c.vocab_size = 10;  // padded to 128: 118 padding rows
+  return c;
+}
+
+// Offsets of the parameter tensors in the flat array, from param_shapes (llm.c order).
+std::vector<int64_t> param_offsets(const GPT2Config& c) {
+  const auto shapes = param_shapes(c);
+  std::vector<int64_t> off(kNumParams + 1, 0);
+  for (int id = 0; id < kNumParams; ++id) off[id + 1] = off[id] + shape_numel(shapes[id]);
+  return off;
+}
+
+// ---------------------------------------------------------------- tool harness
+
+const fs::path& tmp_root() {
+  static const fs::path p = st::test::make_scratch_dir("st_compare_test_");
+  return p;
+}
+
+struct Cmd {
+  int code;
+  std::string out, err;
+};
+
+Cmd run_cmd(const std::string& cmd) {
+  const fs::path o = tmp_root() / "cmd.out", e = tmp_root() / "cmd.err";
+  const int code = st::test::sh(cmd + " >" + o.string() + " 2>" + e.string());
+  return {code, slurp(o), slurp(e)};
+}
+
+Cmd compare(const std::string& args) { return run_cmd(std::string(ST_COMPARE_BIN) + " " + args); }
+
+// A tiny byte-level run (about 0.2 s): 20 steps, checkpoints at 10 and 20, evaluations at 10
+// and 20. `sets` are train --set overrides. Trained once per test process.
+std::string train_run(const std::string& name, const std::string& sets = "") {
+  const fs::path dir = tmp_root() / name;
+  if (fs::exists(dir / "ckpt_00000020.bin")) return dir.string();
+  const fs::path cfg = tmp_root() / "base.yaml";
+  if (!fs::exists(cfg)) {
+    std::ofstream(cfg)
+        << "run: {name: t, out_dir: unused, seed: 7, threads: 1}\n"
+        << "model: {n_layer: 2, n_head: 2, n_embd: 32, max_seq_len: 32, vocab_size: 256}\n"
+        << "data: {train_path: '" ST_SHARED_DATA_DIR "/tinyshakespeare.txt', tokenizer: byte,"
+        << " val_fraction: 0.1}\n"
+        << "train: {max_steps: 20, batch_size: 4, seq_len: 32, lr: 3.0e-3, min_lr: 3.0e-4,"
+        << " warmup_steps: 3, ckpt_every: 10, keep_checkpoints: 0, eval_every: 10,"
+        << " eval_batches: 2, log_every: 10, sample_tokens: 0}\n"
+        << "device: cpu\n";
+  }
+  const Cmd c = run_cmd(std::string(ST_TRAIN_BIN) + " --config " + cfg.string() +
+                        " --set run.out_dir=" + dir.string() + " " + sets);
+  EXPECT_EQ(c.code, 0) << "train " << name << " failed: " << c.err;
+  return dir.string();
+}
+
+struct CsvRow {
+  std::string run_a, run_b, tensor;
+  int64_t step = 0;
+  int layer = -1, head = -1;
+  double w1 = 0, w1n = 0, mad = 0;
+};
+
+std::vector<std::string> split(const std::string& line) {
+  std::vector<std::string> f;
+  std::stringstream ss(line);
+  for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
+  if (!line.empty() && line.back() == ',') f.push_back("");
+  return f;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> v;
+  std::stringstream ss(text);
+  for (std::string l; std::getline(ss, l);) v.push_back(l);
+  return v;
+}
+
+std::vector<CsvRow> read_compare_csv(const fs::path& p) {
+  const auto lines = lines_of(slurp(p));
+  EXPECT_FALSE(lines.empty()) << p;
+  if (lines.empty()) return {};
+  EXPECT_EQ(lines[0], "run_a,run_b,step,tensor,layer,head,w1,w1_normalized,max_abs_diff");
+  std::vector<CsvRow> rows;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const auto f = split(lines[i]);
+    EXPECT_EQ(f.size(), 9u) << lines[i];
+    if (f.size() != 9) continue;
+    CsvRow r;
+    r.run_a = f[0];
+    r.run_b = f[1];
+    r.step = std::stoll(f[2]);
+    r.tensor = f[3];
+    r.layer = f[4].empty() ? -1 : std::stoi(f[4]);
+    r.head = f[5].empty() ? -1 : std::stoi(f[5]);
+    r.w1 = std::stod(f[6]);
+    r.w1n = std::stod(f[7]);
+    r.mad = std::stod(f[8]);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+size_t slices_per_step() {
+  GPT2Config c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.max_seq_len = 32;
+  c.vocab_size = 256;
+  return weight_slices(c, true).size();
+}
+
+// An error case: non-zero exit, exactly one line on stderr, nothing written under `out_dir`.
+void expect_one_line_error(const Cmd& c, const fs::path& out_dir) {
+  EXPECT_NE(c.code, 0);
+  EXPECT_EQ(std::count(c.err.begin(), c.err.end(), '\n'), 1) << c.err;
+  EXPECT_EQ(c.err.rfind("compare: ", 0), 0u) << c.err;
+  EXPECT_TRUE(fs::is_empty(out_dir)) << "an output was written on error";
+}
+
+fs::path fresh_out_dir(const std::string& name) {
+  const fs::path d = tmp_root() / ("out_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- W1
+
+TEST(compare_W1, HandComputedEqualSizes) {
+  // sort(b) = {1, 2, 5}: (|0-1| + |1-2| + |3-5|) / 3
+  EXPECT_DOUBLE_EQ(wasserstein1({0, 1, 3}, {5, 2, 1}), 4.0 / 3.0);
+  EXPECT_EQ(wasserstein1({2}, {-3}), 5.0);
+  EXPECT_EQ(wasserstein1({1, 2, 3, 4}, {4, 3, 2, 1}), 0.0);  // same distribution
+}
+
+TEST(compare_W1, HandComputedUnequalSizes) {
+  // Quantile pieces in units of 1/6: a = 0 on (0,3], 1 on (3,6]; b = 0, 1, 2 on
+  // (0,2], (2,4], (4,6]: |0-1| on (2,3] and |1-2| on (4,6] -> (1 + 2) / 6.
+  EXPECT_DOUBLE_EQ(wasserstein1({0, 1}, {0, 1, 2}), 0.5);
+  // a = 1; b = 0, 4: half the mass moves 1, half moves 3.
+  EXPECT_DOUBLE_EQ(wasserstein1({1}, {0, 4}), 2.0);
+  // Units of 1/12: a = 0 on (0,9], 6 on (9,12]; b = 1, 2, 3 on (0,4], (4,8], (8,12]:
+  // 1*4 + 2*4 + 3*1 + 3*3 = 24 -> 2.
+  EXPECT_DOUBLE_EQ(wasserstein1({0, 6, 0, 0}, {3, 1, 2}), 2.0);
+  // A sample and the same sample twice over are the same distribution.
+  EXPECT_EQ(wasserstein1({0.5, -1, 2}, {2, 0.5, -1, -1, 2, 0.5}), 0.0);
+}
+
+TEST(compare_W1, SymmetricAndMatchesTheCdfIntegral) {
+  Rng r(5);
+  for (const auto& [n, m] : std::vector<std::pair<size_t, size_t>>{
+           {1, 1}, {7, 7}, {50, 50}, {3, 8}, {37, 101}, {1000, 999}, {64, 4096}}) {
+    const auto a = random_values(r, n, 0.02), b = random_values(r, m, 0.03);
+    const double ab = wasserstein1(a, b), ba = wasserstein1(b, a);
+    EXPECT_EQ(ab, ba) << n << " x " << m;
+    const double ref = w1_cdf(a, b);
+    EXPECT_NEAR(ab, ref, 1e-12 * ref) << n << " x " << m;
+    EXPECT_GT(ab, 0);
+  }
+}
+
+TEST(compare_W1, IdenticalIsZeroAndShiftGivesTheShift) {
+  Rng r(6);
+  auto a = random_values(r, 999, 1.0);
+  EXPECT_EQ(wasserstein1(a, a), 0.0);
+  auto shuffled = a;
+  std::reverse(shuffled.begin(), shuffled.end());
+  EXPECT_EQ(wasserstein1(a, shuffled), 0.0);
+  // Values on a 2^-10 grid in [-8, 8] and c = 0.75: a + c is exact, so every |a_i - b_i| is
+  // exactly 0.75 and so is the mean.
+  for (double& x : a) x = std::round(std::clamp(x, -7.0, 7.0) * 1024) / 1024;
+  for (const double c : {0.75, -0.75, 3.0}) {
+    std::vector<double> b = a;
+    for (double& x : b) x += c;
+    EXPECT_EQ(wasserstein1(a, b), std::fabs(c));
+    EXPECT_EQ(wasserstein1(b, a), std::fabs(c));
+  }
+}
+
+TEST(compare_W1, EmptyIsAnErrorNaNGivesNaN) {
+  EXPECT_THROW(wasserstein1({}, {1.0}), Error);
+  EXPECT_THROW(wasserstein1({1.0}, {}), Error);
+  EXPECT_TRUE(std::isnan(wasserstein1({1.0, NAN}, {1.0, 2.0})));
+}
+
+// ---------------------------------------------------------------- slices
+
+TEST(compare_Slices, WithoutHeadsTileTheFlatArrayExceptWtePadding) {
+  for (const GPT2Config& c : {small_config(), [] {
+                                GPT2Config d;
+                                d.n_layer = 3, d.n_head = 4, d.n_embd = 16, d.max_seq_len = 7;
+                                d.vocab_size = 300;
+                                return d;
+                              }()}) {
+    const int64_t np = num_parameters(c);
+    const auto off = param_offsets(c);
+    ASSERT_EQ(off[kNumParams], np);
+    std::vector<int> hits(static_cast<size_t>(np), 0);
+    const auto slices = weight_slices(c, false);
+    // 4 unstacked tensors + 12 stacked ones per layer, in llm.c order.
+    ASSERT_EQ(slices.size(), size_t(4 + 12 * c.n_layer));
+    int64_t expected_offset = 0;
+    for (const WeightSlice& s : slices) {
+      EXPECT_EQ(s.head, -1);
+      EXPECT_EQ(s.row_stride, s.cols) << slice_label(s);
+      EXPECT_EQ(s.offset, expected_offset) << slice_label(s) << ": not contiguous in order";
+      expected_offset = s.offset + s.numel();
+      if (s.tensor == "wte") expected_offset = off[kWte + 1];  // skip the padding rows
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t k = 0; k < s.cols; ++k) ++hits[static_cast<size_t>(s.offset + r * s.row_stride + k)];
+    }
+    EXPECT_EQ(expected_offset, np);
+    const int64_t pad_begin = int64_t(c.vocab_size) * c.n_embd, pad_end = off[kWte + 1];
+    ASSERT_GT(pad_end, pad_begin) << "the config should have padding rows";
+    for (int64_t i = 0; i < np; ++i) {
+      const int want = (i >= pad_begin && i < pad_end) ? 0 : 1;
+      ASSERT_EQ(hits[static_cast<size_t>(i)], want) << "element " << i;
+    }
+    // The names of the documented table, per layer for the stacked tensors.
+    EXPECT_EQ(slices.front().tensor, "wte");
+    EXPECT_EQ(slices.front().rows, c.vocab_size);
+    EXPECT_EQ(slices[1].tensor, "wpe");
+    EXPECT_EQ(slices[1].rows, c.max_seq_len);
+    EXPECT_EQ(slices.back().tensor, "lnfb");
+    EXPECT_EQ(slices[2].tensor, "ln1w");
+    EXPECT_EQ(slices[2].layer, 0);
+    EXPECT_EQ(slices[2 + c.n_layer].tensor, "ln1b");
+  }
+}
+
+TEST(compare_Slices, PerHeadSlicesLandOnTheDocumentedRowsAndColumns) {
+  const GPT2Config c = small_config();
+  const int64_t C = c.n_embd, NH = c.n_head, hs = C / NH, np = num_parameters(c);
+  const auto off = param_offsets(c);
+  std::vector<double> flat(static_cast<size_t>(np));
+  std::iota(flat.begin(), flat.end(), 0.0);  // value = flat index
+  const auto slices = weight_slices(c, true);
+  int n_heads_seen = 0;
+  std::vector<int> qkv_hits(static_cast<size_t>(np), 0), wo_hits(static_cast<size_t>(np), 0);
+  for (const WeightSlice& s : slices) {
+    if (s.head < 0) continue;
+    ++n_heads_seen;
+    const auto v = s.gather(flat.data());
+    ASSERT_EQ(v.size(), size_t(hs * C)) << slice_label(s);
+    const int64_t l = s.layer, h = s.head;
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t k = 0; k < s.cols; ++k) {
+        int64_t want;
+        if (s.tensor == "wo") {
+          // attprojw[l] is (C out, C in); head h's output feeds input columns [h*hs, (h+1)*hs).
+          ASSERT_EQ(s.rows, C);
+          ASSERT_EQ(s.cols, hs);
+          want = off[kAttprojw] + l * C * C + r * C + (h * hs + k);
+          ++wo_hits[static_cast<size_t>(want)];
+        } else {
+          const int which = s.tensor == "wq" ? 0 : s.tensor == "wk" ? 1 : 2;
+          ASSERT_TRUE(s.tensor == "wq" || s.tensor == "wk" || s.tensor == "wv") << s.tensor;
+          ASSERT_EQ(s.rows, hs);
+          ASSERT_EQ(s.cols, C);
+          // qkvw[l] is (3C, C): rows [which*C + h*hs, ... + hs).
+          want = off[kQkvw] + l * 3 * C * C + (which * C + h * hs + r) * C + k;
+          ++qkv_hits[static_cast<size_t>(want)];
+        }
+        ASSERT_EQ(v[static_cast<size_t>(r * s.cols + k)], double(want))
+            << slice_label(s) << " (" << r << ", " << k << ")";
+      }
+    EXPECT_EQ(slice_label(s), s.tensor + " L" + std::to_string(l) + " H" + std::to_string(h));
+  }
+  EXPECT_EQ(n_heads_seen, 4 * NH * c.n_layer);
+  // Together the heads cover qkvw and attprojw exactly once.
+  for (int64_t i = 0; i < np; ++i) {
+    const bool in_qkvw = i >= off[kQkvw] && i < off[kQkvw + 1];
+    const bool in_attprojw = i >= off[kAttprojw] && i < off[kAttprojw + 1];
+    ASSERT_EQ(qkv_hits[static_cast<size_t>(i)], in_qkvw ? 1 : 0) << i;
+    ASSERT_EQ(wo_hits[static_cast<size_t>(i)], in_attprojw ? 1 : 0) << i;
+  }
+}
+
+// ---------------------------------------------------------------- weight_distances
+
+TEST(compare_Distances, RowsFollowTheSlicesAndLocalizeAChange) {
+  const GPT2Config c = small_config();
+  const int64_t np = num_parameters(c);
+  Rng r(11);
+  std::vector<float> a(static_cast<size_t>(np));
+  for (auto& x : a) x = static_cast<float>(0.02 * r.normal());
+  const auto same = weight_distances(c, a, a);
+  const auto slices = weight_slices(c, true);
+  ASSERT_EQ(same.size(), slices.size());
+  for (size_t i = 0; i < same.size(); ++i) {
+    EXPECT_EQ(same[i].tensor, slices[i].tensor);
+    EXPECT_EQ(same[i].layer, slices[i].layer);
+    EXPECT_EQ(same[i].head, slices[i].head);
+    EXPECT_EQ(same[i].w1, 0.0);
+    EXPECT_EQ(same[i].w1_normalized, 0.0);
+    EXPECT_EQ(same[i].max_abs_diff, 0.0);
+  }
+  // Change one element of layer 1's W_K, head 1, row 2, column 3.
+  const auto off = param_offsets(c);
+  const int64_t C = c.n_embd, hs = C / c.n_head;
+  const int64_t at = off[kQkvw] + 1 * 3 * C * C + (C + 1 * hs + 2) * C + 3;
+  std::vector<float> b = a;
+  b[static_cast<size_t>(at)] += 0.5f;
+  const double delta = double(b[static_cast<size_t>(at)]) - double(a[static_cast<size_t>(at)]);
+  const auto rows = weight_distances(c, a, b);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const WeightSlice& s = slices[i];
+    const bool holds = (s.tensor == "qkvw" && s.layer == 1) ||
+                       (s.tensor == "wk" && s.layer == 1 && s.head == 1);
+    EXPECT_EQ(rows[i].max_abs_diff, holds ? delta : 0.0) << slice_label(s);
+    const auto va = s.gather(a.data()), vb = s.gather(b.data());
+    EXPECT_EQ(rows[i].w1, wasserstein1(va, vb)) << slice_label(s);
+    double mean_abs = 0;
+    for (double x : va) mean_abs += std::fabs(x);
+    mean_abs /= double(va.size());
+    EXPECT_NEAR(rows[i].w1_normalized, rows[i].w1 / mean_abs, 1e-12 * rows[i].w1 / mean_abs);
+    if (holds) {
+      EXPECT_GT(rows[i].w1, 0) << slice_label(s);
+    }
+  }
+  // Layernorm gains of 1 in A, 1.5 in B: w1 0.5, normalized by mean |A| = 1.
+  std::vector<float> g = a, g2 = a;
+  for (int64_t i = off[kLnfw]; i < off[kLnfw + 1]; ++i) {
+    g[static_cast<size_t>(i)] = 1.0f;
+    g2[static_cast<size_t>(i)] = 1.5f;
+  }
+  for (const auto& row : weight_distances(c, g, g2))
+    if (row.tensor == "lnfw") {
+      EXPECT_EQ(row.w1, 0.5);
+      EXPECT_EQ(row.w1_normalized, 0.5);
+      EXPECT_EQ(row.max_abs_diff, 0.5);
+    }
+  // Wrong sizes are refused.
+  std::vector<float> short_b(b.begin(), b.end() - 1);
+  EXPECT_THROW(weight_distances(c, a, short_b), Error);
+}
+
+TEST(compare_Distances, CsvLineIsShortestRoundTripWithEmptyLayerAndHead) {
+  EXPECT_STREQ(kDistanceCsvHeader, "step,tensor,layer,head,w1,w1_normalized,max_abs_diff");
+  DistanceRow r;
+  r.tensor = "wte";
+  r.w1 = 0.1;
+  r.w1_normalized = 1.0 / 3.0;
+  r.max_abs_diff = 2.5e-8;
+  EXPECT_EQ(distance_csv_line(400, r), "400,wte,,,0.1,0.3333333333333333,2.5e-08");
+  r.tensor = "wq";
+  r.layer = 3;
+  r.head = 0;
+  r.w1 = 0;
+  const std::string line = distance_csv_line(7, r);
+  EXPECT_EQ(line, "7,wq,3,0,0,0.3333333333333333,2.5e-08");
+  EXPECT_EQ(std::stod(split(line)[5]), 1.0 / 3.0);  // reads back exactly
+}
+
+TEST(compare_Distances, LoadCheckpointWeightsFp32Fp64AndSizeCheck) {
+  const GPT2Config c = small_config();
+  const int64_t np = num_parameters(c);
+  CheckpointState s;
+  s.step = 40;
+  s.n_layer = c.n_layer;
+  s.n_head = c.n_head;
+  s.n_embd = c.n_embd;
+  s.max_seq_len = c.max_seq_len;
+  s.vocab_size = c.vocab_size;
+  s.padded_vocab_size = c.vp();
+  s.compute = "fp64";
+  Rng r(3);
+  std::vector<double> d(static_cast<size_t>(np));
+  for (auto& x : d) x = 0.02 * r.normal();
+  s.master_elem_bytes = 8;
+  s.master.resize(d.size() * 8);
+  std::memcpy(s.master.data(), d.data(), s.master.size());
+  s.m = s.v = s.master;
+  const std::string p64 = (tmp_root() / "w64.bin").string();
+  save_checkpoint(p64, s);
+  const CheckpointWeights w = load_checkpoint_weights(p64);
+  EXPECT_EQ(w.step, 40);
+  EXPECT_EQ(w.config.n_layer, c.n_layer);
+  EXPECT_EQ(w.config.n_head, c.n_head);
+  EXPECT_EQ(w.config.n_embd, c.n_embd);
+  EXPECT_EQ(w.config.max_seq_len, c.max_seq_len);
+  EXPECT_EQ(w.config.vocab_size, c.vocab_size);
+  EXPECT_EQ(w.config.vp(), c.vp());
+  ASSERT_EQ(w.master.size(), d.size());
+  for (size_t i = 0; i < d.size(); ++i) ASSERT_EQ(w.master[i], static_cast<float>(d[i])) << i;
+
+  // FP32 master: the same floats back.
+  std::vector<float> f(w.master);
+  s.master_elem_bytes = 4;
+  s.master.resize(f.size() * 4);
+  std::memcpy(s.master.data(), f.data(), s.master.size());
+  s.m = s.v = s.master;
+  const std::string p32 = (tmp_root() / "w32.bin").string();
+  save_checkpoint(p32, s);
+  EXPECT_EQ(load_checkpoint_weights(p32).master, f);
+
+  // A master array that does not fit the recorded shape: the error names the file.
+  s.n_layer = 3;
+  const std::string bad = (tmp_root() / "w_bad_shape.bin").string();
+  save_checkpoint(bad, s);
+  try {
+    load_checkpoint_weights(bad);
+    ADD_FAILURE() << "a master size that does not match the shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("parameters"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- the tool, end to end
+
+TEST(compare_Tool, SameConfigGivesExactlyZero) {
+  const std::string a = train_run("a"), b = train_run("b");
+  const fs::path out = fresh_out_dir("same");
+  const Cmd c = compare(a + " " + b + " -o " + (out / "compare.csv").string());
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("losses identical"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("weights identical"), std::string::npos) << c.out;
+  const auto rows = read_compare_csv(out / "compare.csv");
+  ASSERT_EQ(rows.size(), 2 * slices_per_step());  // steps 10 and 20
+  for (const auto& r : rows) {
+    EXPECT_EQ(r.run_a, "a");
+    EXPECT_EQ(r.run_b, "b");
+    EXPECT_TRUE(r.step == 10 || r.step == 20) << r.step;
+    EXPECT_EQ(r.w1, 0.0) << r.tensor << " " << r.layer << " " << r.head;
+    EXPECT_EQ(r.w1n, 0.0);
+    EXPECT_EQ(r.mad, 0.0);
+  }
+  // The loss CSV: 20 steps of both runs, differences exactly 0, val_loss at 10 and 20.
+  const auto loss = lines_of(slurp(out / "compare_loss.csv"));
+  ASSERT_EQ(loss.size(), 1u + 2 * 20);
+  EXPECT_EQ(loss[0], "step,run,loss,val_loss,loss_diff_vs_a");
+  int vals = 0;
+  for (size_t i = 1; i < loss.size(); ++i) {
+    const auto f = split(loss[i]);
+    ASSERT_EQ(f.size(), 5u) << loss[i];
+    EXPECT_EQ(f[1], i % 2 ? "a" : "b");
+    EXPECT_EQ(std::stoll(f[0]), int64_t((i + 1) / 2));
+    EXPECT_EQ(f[4], "0") << loss[i];
+    EXPECT_GT(std::stod(f[2]), 0);
+    vals += !f[3].empty();
+  }
+  EXPECT_EQ(vals, 4);
+}
+
+TEST(compare_Tool, DifferentSeedIsNonzeroAndMatchesScipy) {
+  const std::string a = train_run("a"), b = train_run("b"), c = train_run("seed8", "--set run.seed=8");
+  const fs::path out = fresh_out_dir("seed");
+  const fs::path csv = out / "compare.csv";
+  const Cmd r = compare(a + " " + b + " " + c + " -o " + csv.string() + " --top 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("differs in run.seed 7 vs 8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first differing step 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("least squares"), std::string::npos) << r.out;
+  const auto rows = read_compare_csv(csv);
+  ASSERT_EQ(rows.size(), 2 * 2 * slices_per_step());  // two pairs, two steps
+  size_t n_seed = 0;
+  for (const auto& row : rows) {
+    if (row.run_b != "seed8") continue;
+    ++n_seed;
+    // Every matrix and every vector that is not still at its initial constant differs.
+    if (row.tensor != "ln1b" && row.tensor != "ln2b" && row.tensor != "lnfb" &&
+        row.tensor != "qkvb" && row.tensor != "attprojb" && row.tensor != "fcb" &&
+        row.tensor != "fcprojb" && row.tensor != "ln1w" && row.tensor != "ln2w" &&
+        row.tensor != "lnfw") {
+      EXPECT_GT(row.w1, 0) << row.tensor << " " << row.layer << " " << row.head;
+      EXPECT_GT(row.mad, 0) << row.tensor;
+      EXPECT_GT(row.w1n, 0) << row.tensor;
+    }
+    EXPECT_GE(row.mad, row.w1) << "max |a - b| bounds W1 (the identity coupling)";
+  }
+  EXPECT_EQ(n_seed, 2 * slices_per_step());
+
+  // Independent reader + scipy on the real checkpoints of the two different-seed runs.
+  const Cmd py = run_cmd("/usr/bin/python3 " ST_W1_SCIPY_SCRIPT " " + csv.string() + " " + a +
+                         " " + c);
+  ASSERT_EQ(py.code, 0) << "scipy cross-check failed (needs /usr/bin/python3 with numpy and "
+                           "scipy: Debian python3-numpy python3-scipy):\n"
+                        << py.out << py.err;
+  long long checked = 0;
+  ASSERT_EQ(std::sscanf(py.out.c_str(), "checked %lld rows", &checked), 1) << py.out;
+  EXPECT_EQ(checked, static_cast<long long>(2 * slices_per_step())) << py.out;
+  EXPECT_NE(py.out.find(" 0 mismatches"), std::string::npos) << py.out;
+
+  // Two checkpoint files: the same rows as the run-directory comparison at that step.
+  const fs::path csv2 = out / "files.csv";
+  const Cmd f = compare(a + "/ckpt_00000010.bin " + c + "/ckpt_00000010.bin -o " + csv2.string());
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_FALSE(fs::exists(out / "files_loss.csv")) << "no loss curves for checkpoint files";
+  const auto frows = read_compare_csv(csv2);
+  std::vector<CsvRow> want;
+  for (const auto& row : rows)
+    if (row.run_b == "seed8" && row.step == 10) want.push_back(row);
+  ASSERT_EQ(frows.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(frows[i].run_a, "a");
+    EXPECT_EQ(frows[i].run_b, "seed8");
+    EXPECT_EQ(frows[i].step, 10);
+    EXPECT_EQ(frows[i].tensor, want[i].tensor);
+    EXPECT_EQ(frows[i].w1, want[i].w1);
+    EXPECT_EQ(frows[i].mad, want[i].mad);
+  }
+}
+
+TEST(compare_Tool, DifferentShapeIsAOneLineError) {
+  const std::string a = train_run("a"), d = train_run("layers3", "--set model.n_layer=3");
+  const fs::path out = fresh_out_dir("shape");
+  const Cmd c = compare(a + " " + d + " -o " + (out / "compare.csv").string());
+  expect_one_line_error(c, out);
+  EXPECT_NE(c.err.find("n_layer 2 vs 3"), std::string::npos) << c.err;
+  // The checkpoint-level check, when the runs are given as files.
+  const Cmd f = compare(a + "/ckpt_00000020.bin " + d + "/ckpt_00000020.bin -o " +
+                        (out / "compare.csv").string());
+  expect_one_line_error(f, out);
+  EXPECT_NE(f.err.find("n_layer 2 vs 3"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("ckpt_00000020.bin"), std::string::npos) << f.err;
+}
+
+TEST(compare_Tool, MissingStepAndNoSharedStep) {
+  const std::string a = train_run("a"), b = train_run("b");
+  const fs::path out = fresh_out_dir("steps");
+  const std::string o = " -o " + (out / "compare.csv").string();
+  const Cmd s = compare(a + " " + b + " --step 15" + o);
+  expect_one_line_error(s, out);
+  EXPECT_NE(s.err.find("--step 15"), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("10 20"), std::string::npos) << s.err;
+  // --step of a step both have: only that step.
+  const Cmd ok = compare(a + " " + b + " --step 20" + o);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  for (const auto& r : read_compare_csv(out / "compare.csv")) EXPECT_EQ(r.step, 20);
+  fs::remove_all(out);
+  fs::create_directories(out);
+  // keep_checkpoints pruned step 10 in one run: only 20 is compared, and the console says so.
+  const std::string k = train_run("keep1", "--set train.keep_checkpoints=1");
+  const Cmd kc = compare(a + " " + k + o);
+  ASSERT_EQ(kc.code, 0) << kc.err;
+  EXPECT_NE(kc.out.find("keep1 has 20; compared: 20"), std::string::npos) << kc.out;
+  EXPECT_EQ(read_compare_csv(out / "compare.csv").size(), slices_per_step());
+  fs::remove_all(out);
+  fs::create_directories(out);
+  // Checkpoints at 15 only (max_steps 15, ckpt_every 15) against 10 and 20: none shared.
+  const std::string e =
+      train_run("every15", "--set train.max_steps=15 --set train.ckpt_every=15");
+  ASSERT_TRUE(fs::exists(fs::path(e) / "ckpt_00000015.bin"));
+  const Cmd n = compare(a + " " + e + o);
+  expect_one_line_error(n, out);
+  EXPECT_NE(n.err.find("share no checkpoint step"), std::string::npos) << n.err;
+  EXPECT_NE(n.err.find("a has 10 20"), std::string::npos) << n.err;
+  EXPECT_NE(n.err.find("every15 has 15"), std::string::npos) << n.err;
+}
+
+TEST(compare_Tool, CorruptOrTruncatedCheckpointNamesTheFile) {
+  const std::string a = train_run("a"), b = train_run("b");
+  const fs::path out = fresh_out_dir("corrupt");
+  const fs::path bad = tmp_root() / "b_corrupt";
+  fs::remove_all(bad);
+  fs::copy(b, bad);
+  const fs::path ck = bad / "ckpt_00000020.bin";
+  std::string bytes = slurp(ck);
+  ASSERT_GT(bytes.size(), 5000u);
+  bytes[bytes.size() / 2] ^= 0x10;  // inside the master / moment arrays
+  std::ofstream(ck, std::ios::binary | std::ios::trunc) << bytes;
+  const Cmd c = compare(a + " " + bad.string() + " -o " + (out / "compare.csv").string());
+  expect_one_line_error(c, out);
+  EXPECT_NE(c.err.find(ck.string()), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("corrupt"), std::string::npos) << c.err;
+  // Truncated.
+  std::ofstream(ck, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 3);
+  const Cmd t = compare(a + " " + bad.string() + " -o " + (out / "compare.csv").string());
+  expect_one_line_error(t, out);
+  EXPECT_NE(t.err.find(ck.string()), std::string::npos) << t.err;
+  EXPECT_NE(t.err.find("truncated"), std::string::npos) << t.err;
+  // Step 10 is intact: --step 10 still works.
+  const Cmd s = compare(a + " " + bad.string() + " --step 10 -o " + (out / "compare.csv").string());
+  EXPECT_EQ(s.code, 0) << s.err;
+}
+
+TEST(compare_Tool, RunStillBeingWrittenIsReadAsFarAsComplete) {
+  const std::string a = train_run("a"), b = train_run("b");
+  const fs::path live = tmp_root() / "live";
+  fs::remove_all(live);
+  fs::copy(b, live);
+  // A checkpoint being written (temporary name of train/checkpoint.cpp, half the bytes) and a
+  // metrics line cut off mid-write.
+  const std::string ck = slurp(fs::path(b) / "ckpt_00000020.bin");
+  const size_t complete_lines = lines_of(slurp(live / "metrics.jsonl")).size();
+  const fs::path tmp_ck = live / "ckpt_00000030.bin.tmp.4242";
+  std::ofstream(tmp_ck, std::ios::binary) << ck.substr(0, ck.size() / 2);
+  std::ofstream(live / "metrics.jsonl", std::ios::app) << "{\"step\":21,\"loss\":4.12";
+  const fs::path out = fresh_out_dir("live");
+  const Cmd c = compare(a + " " + live.string() + " -o " + (out / "compare.csv").string());
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.err.find("warning"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("metrics.jsonl line"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("ignoring " + tmp_ck.string()), std::string::npos) << c.err;
+  EXPECT_NE(c.out.find("losses identical"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("compared: 10 20"), std::string::npos) << c.out;
+  for (const auto& l : lines_of(slurp(out / "compare_loss.csv")))
+    EXPECT_NE(l.rfind("21,", 0), 0u) << "the cut-off line was read: " << l;
+  EXPECT_TRUE(fs::exists(tmp_ck)) << "the temporary file must be left alone";
+  // A broken line that is not the last one is an error naming the file and line.
+  std::ofstream(live / "metrics.jsonl", std::ios::app) << "\n{\"step\":22,\"loss\":4.1}\n";
+  const fs::path out2 = fresh_out_dir("live2");
+  const Cmd m = compare(a + " " + live.string() + " -o " + (out2 / "compare.csv").string());
+  expect_one_line_error(m, out2);
+  EXPECT_NE(m.err.find((live / "metrics.jsonl").string() + " line " +
+                      std::to_string(complete_lines + 1) + ":"),
+            std::string::npos)
+      << m.err;
+}
+
+TEST(compare_Tool, UsageAndMissingInputs) {
+  const std::string a = train_run("a");
+  const fs::path out = fresh_out_dir("usage");
+  const std::string o = " -o " + (out / "compare.csv").string();
+  const Cmd one = compare(a + o);
+  expect_one_line_error(one, out);
+  EXPECT_NE(one.err.find("at least two"), std::string::npos) << one.err;
+  const Cmd none = compare(o);
+  expect_one_line_error(none, out);
+  const Cmd missing = compare(a + " " + (tmp_root() / "no_such_run").string() + o);
+  expect_one_line_error(missing, out);
+  EXPECT_NE(missing.err.find("no_such_run"), std::string::npos) << missing.err;
+  const fs::path empty = tmp_root() / "empty_run";
+  fs::create_directories(empty);
+  const Cmd nom = compare(a + " " + empty.string() + o);
+  expect_one_line_error(nom, out);
+  EXPECT_NE(nom.err.find((empty / "metrics.jsonl").string()), std::string::npos) << nom.err;
+  const Cmd mixed = compare(a + " " + a + "/ckpt_00000010.bin" + o);
+  expect_one_line_error(mixed, out);
+  const Cmd badopt = compare(a + " " + a + " --top many" + o);
+  expect_one_line_error(badopt, out);
+  EXPECT_NE(badopt.err.find("--top"), std::string::npos) << badopt.err;
+}
