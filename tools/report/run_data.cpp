@@ -1,0 +1,452 @@
+// Reading a run directory for `report` (see run_data.h).
+#include "tools/report/run_data.h"
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace st::report {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The file's complete lines; *incomplete is set when the last line has no newline (and
+// is not returned). Throws naming the path when the file cannot be opened.
+std::vector<std::string> read_lines(const std::string& path, bool* incomplete) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot read '", path, "': ", std::strerror(errno));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  std::vector<std::string> lines;
+  size_t pos = 0;
+  *incomplete = false;
+  while (pos < text.size()) {
+    const size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) {
+      // Whitespace only after the last newline is not a line.
+      if (text.find_first_not_of(" \t\r", pos) != std::string::npos) *incomplete = true;
+      break;
+    }
+    std::string l = text.substr(pos, nl - pos);
+    if (!l.empty() && l.back() == '\r') l.pop_back();
+    lines.push_back(std::move(l));
+    pos = nl + 1;
+  }
+  return lines;
+}
+
+std::string fname(const std::string& path) { return fs::path(path).filename().string(); }
+
+std::string skipped_note(const std::string& file, size_t incomplete, size_t bad) {
+  std::string n;
+  if (incomplete) n += file + ": skipped an incomplete last line (the run is still writing)";
+  if (bad) {
+    if (!n.empty()) n += "; ";
+    n += file + ": skipped " + std::to_string(bad) + " malformed line" + (bad == 1 ? "" : "s");
+  }
+  return n;
+}
+
+// Column indices of `names` in t; fails naming the first that is absent.
+std::vector<int> need_cols(const CsvTable& t, const std::string& path, const std::vector<std::string>& names) {
+  std::vector<int> out;
+  for (const auto& n : names) {
+    const int c = t.col(n);
+    if (c < 0) fail(fname(path), " has no column '", n, "' (header: ", [&] {
+        std::string h;
+        for (const auto& x : t.header) h += (h.empty() ? "" : ",") + x;
+        return h;
+      }(), ")");
+    out.push_back(c);
+  }
+  return out;
+}
+
+double field(const std::vector<std::string>& row, int c) { return c < 0 ? kNaN : to_num(row[c]); }
+
+// A step field; false when it is not a number (the row is skipped).
+bool to_step(const std::string& s, int64_t& step) {
+  const double v = to_num(s);
+  if (!std::isfinite(v)) return false;
+  step = static_cast<int64_t>(std::llround(v));
+  return true;
+}
+
+// Loads an optional CSV file with `parse` run on the table; failures become the note.
+template <class F>
+void optional_csv(const std::string& dir, const std::string& file, FileState& state, const RunData& r, F parse) {
+  const std::string path = (fs::path(dir) / file).string();
+  if (!fs::exists(path)) {
+    state.present = false;
+    const std::string hint = hooks_hint(r, file);
+    state.note = "no " + file + (hint.empty() ? "" : ": " + hint);
+    return;
+  }
+  try {
+    const CsvTable t = read_csv(path);
+    const size_t bad_rows = parse(t, path);
+    state.present = true;
+    state.note = skipped_note(file, t.skipped_incomplete, t.skipped_bad + bad_rows);
+  } catch (const std::exception& e) {
+    state.present = false;
+    state.note = file + " could not be read: " + e.what();
+  }
+}
+
+void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      const std::string k = kv.first.as<std::string>();
+      flatten(kv.second, prefix.empty() ? k : prefix + "." + k, out);
+    }
+  } else if (n.IsScalar()) {
+    out[prefix] = n.as<std::string>();
+  } else if (n.IsNull()) {
+    out[prefix] = "";
+  }
+}
+
+}  // namespace
+
+int CsvTable::col(const std::string& name) const {
+  for (size_t i = 0; i < header.size(); ++i)
+    if (header[i] == name) return static_cast<int>(i);
+  return -1;
+}
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> f;
+  std::string cur;
+  bool quoted = false;
+  for (char c : line) {
+    if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      f.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  f.push_back(cur);
+  for (auto& s : f) {  // trim
+    const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+    s = a == std::string::npos ? "" : s.substr(a, b - a + 1);
+  }
+  return f;
+}
+
+CsvTable read_csv(const std::string& path) {
+  bool incomplete = false;
+  const std::vector<std::string> lines = read_lines(path, &incomplete);
+  CsvTable t;
+  t.skipped_incomplete = incomplete ? 1 : 0;
+  size_t i = 0;
+  while (i < lines.size() && lines[i].find_first_not_of(" \t") == std::string::npos) ++i;
+  if (i == lines.size()) fail("'", path, "' has no header line");
+  t.header = split_csv_line(lines[i]);
+  for (++i; i < lines.size(); ++i) {
+    if (lines[i].find_first_not_of(" \t") == std::string::npos) continue;
+    auto f = split_csv_line(lines[i]);
+    if (f.size() != t.header.size()) {
+      ++t.skipped_bad;
+      continue;
+    }
+    t.rows.push_back(std::move(f));
+  }
+  return t;
+}
+
+double to_num(const std::string& s) {
+  if (s.empty()) return kNaN;
+  const char* b = s.c_str();
+  char* e = nullptr;
+  const double v = std::strtod(b, &e);
+  if (e == b || *e != '\0') return kNaN;
+  return v;
+}
+
+int to_index(const std::string& s) {
+  const double v = to_num(s);
+  return std::isfinite(v) ? static_cast<int>(std::lround(v)) : -1;
+}
+
+std::string RunData::cfg(const std::string& key, const std::string& fallback) const {
+  const auto it = config.find(key);
+  return it == config.end() ? fallback : it->second;
+}
+
+int RunData::n_layer() const {
+  const int v = to_index(cfg("model.n_layer"));
+  if (v > 0) return v;
+  int m = -1;
+  for (const auto& r : spectral) m = std::max(m, r.layer);
+  for (const auto& r : attn) m = std::max(m, r.layer);
+  for (const auto& r : drift) m = std::max(m, r.layer);
+  return m + 1;
+}
+
+int RunData::n_head() const {
+  const int v = to_index(cfg("model.n_head"));
+  if (v > 0) return v;
+  int m = -1;
+  for (const auto& r : spectral) m = std::max(m, r.head);
+  for (const auto& r : attn) m = std::max(m, r.head);
+  for (const auto& r : drift) m = std::max(m, r.head);
+  return m + 1;
+}
+
+std::string hooks_hint(const RunData& r, const std::string& file) {
+  if (r.config.empty()) return "";
+  const std::string every = r.cfg("hooks.every");
+  if (every.empty()) return "the run's config.yaml has no hooks.every (written before the hooks existed)";
+  if (file == "events.jsonl") {
+    const std::string z = r.cfg("hooks.spike_z");
+    if (!z.empty() && to_num(z) == 0) return "spike detection was off (hooks.spike_z: 0)";
+    return "no spike or other event was recorded";
+  }
+  if (to_index(every) == 0) {
+    if (file == "wasserstein.csv" && r.cfg("hooks.reference_run").empty())
+      return "the run had hooks.every: 0 and no hooks.reference_run";
+    return "the run had hooks.every: 0";
+  }
+  if (file == "wasserstein.csv") {
+    if (r.cfg("hooks.reference_run").empty()) return "the run had no hooks.reference_run";
+    return "hooks.reference_run is set, but no checkpoint was compared yet";
+  }
+  const std::map<std::string, std::string> toggles = {{"spectral.csv", "hooks.spectral"},
+                                                      {"attn_stats.csv", "hooks.attn_stats"},
+                                                      {"delta_drift.csv", "hooks.delta_drift"},
+                                                      {"grad_norms.csv", "hooks.grad_norms"}};
+  const auto t = toggles.find(file);
+  if (t != toggles.end() && r.cfg(t->second) == "false") return "the run had " + t->second + ": false";
+  return "hooks.every is " + every + ", but the file is not there (no hook step written yet?)";
+}
+
+SeriesByKey spectral_series(const RunData& r, const std::string& matrix) {
+  return series_by_key(
+      r.spectral, [&](const SpectralRow& s) { return s.matrix == matrix; },
+      [](const SpectralRow& s) { return s.sigma; });
+}
+
+RunData load_run(const std::string& dir) {
+  RunData r;
+  r.dir = dir;
+  if (!fs::exists(dir)) fail("run directory '", dir, "' does not exist");
+  if (!fs::is_directory(dir)) fail("'", dir, "' is not a run directory");
+  const fs::path d(dir);
+  r.name = fs::absolute(d).lexically_normal().filename().string();
+  if (r.name.empty()) r.name = fs::absolute(d).lexically_normal().parent_path().filename().string();
+
+  // config.yaml
+  const fs::path cfg = d / "config.yaml";
+  if (fs::exists(cfg)) {
+    try {
+      flatten(YAML::LoadFile(cfg.string()), "", r.config);
+    } catch (const std::exception& e) {
+      r.config_note = "config.yaml could not be read: " + std::string(e.what());
+    }
+  } else {
+    r.config_note = "no config.yaml";
+  }
+  if (!r.cfg("run.name").empty()) r.name = r.cfg("run.name");
+
+  // metrics.jsonl (required)
+  const fs::path mp = d / "metrics.jsonl";
+  if (!fs::exists(mp)) fail("'", dir, "' has no metrics.jsonl (not a run directory, or the run never started)");
+  bool incomplete = false;
+  const auto lines = read_lines(mp.string(), &incomplete);
+  struct StepRec {
+    double loss, lr, grad_norm, loss_scale;
+    bool skipped;
+  };
+  std::map<int64_t, StepRec> steps;
+  std::map<int64_t, double> vals;
+  size_t bad = 0;
+  auto num = [](const nlohmann::json& j, const char* k) {
+    const auto it = j.find(k);
+    return it != j.end() && it->is_number() ? it->get<double>() : kNaN;
+  };
+  for (const auto& l : lines) {
+    if (l.find_first_not_of(" \t") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(l);
+    } catch (const std::exception&) {
+      ++bad;
+      continue;
+    }
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) {
+      ++bad;
+      continue;
+    }
+    const int64_t s = j["step"].get<int64_t>();
+    if (j.contains("loss")) {
+      const auto sk = j.find("skipped");
+      const bool skipped = sk != j.end() && ((sk->is_boolean() && sk->get<bool>()) ||
+                                             (sk->is_number() && sk->get<double>() != 0));
+      // JSON has no NaN: a non-finite loss is written as null or a string.
+      double loss = num(j, "loss");
+      steps[s] = {loss, num(j, "lr"), num(j, "grad_norm"), num(j, "loss_scale"), skipped};
+    } else if (j.contains("val_loss")) {
+      vals[s] = num(j, "val_loss");
+    }
+  }
+  for (const auto& [s, v] : steps) {
+    r.steps.push_back(s);
+    r.loss.push_back(v.loss);
+    r.lr.push_back(v.lr);
+    r.grad_norm.push_back(v.grad_norm);
+    r.loss_scale.push_back(v.loss_scale);
+    r.skipped.push_back(v.skipped);
+  }
+  for (const auto& [s, v] : vals) {
+    r.val_steps.push_back(s);
+    r.val_loss.push_back(v);
+  }
+  r.metrics_note = skipped_note("metrics.jsonl", incomplete, bad);
+
+  // checkpoints
+  static const std::regex ck("ckpt_([0-9]{8})\\.bin");
+  for (const auto& e : fs::directory_iterator(d)) {
+    std::smatch m;
+    const std::string n = e.path().filename().string();
+    if (e.is_regular_file() && std::regex_match(n, m, ck)) r.checkpoints[std::stoll(m[1].str())] = e.path().string();
+  }
+
+  // events.jsonl
+  const fs::path ep = d / "events.jsonl";
+  if (fs::exists(ep)) {
+    try {
+      bool inc = false;
+      size_t ebad = 0;
+      for (const auto& l : read_lines(ep.string(), &inc)) {
+        if (l.find_first_not_of(" \t") == std::string::npos) continue;
+        try {
+          const auto j = nlohmann::json::parse(l);
+          Event e;
+          e.step = j.at("step").get<int64_t>();
+          e.event = j.value("event", std::string());
+          e.metric = j.value("metric", std::string());
+          e.value = num(j, "value");
+          e.mean = num(j, "mean");
+          e.std = num(j, "std");
+          e.z = num(j, "z");
+          if (j.contains("action")) {
+            const auto& a = j["action"];
+            if (a.is_string()) e.action = a.get<std::string>();
+            else if (a.is_array())
+              for (const auto& x : a) e.action += (e.action.empty() ? "" : "+") + x.get<std::string>();
+          }
+          e.raw = l;
+          r.events.push_back(e);
+        } catch (const std::exception&) {
+          ++ebad;
+        }
+      }
+      r.events_state.present = true;
+      r.events_state.note = skipped_note("events.jsonl", inc, ebad);
+    } catch (const std::exception& e) {
+      r.events_state.note = std::string("events.jsonl could not be read: ") + e.what();
+    }
+  } else {
+    const std::string hint = hooks_hint(r, "events.jsonl");
+    r.events_state.note = "no events.jsonl" + (hint.empty() ? "" : ": " + hint);
+  }
+
+  optional_csv(dir, "spectral.csv", r.spectral_state, r, [&](const CsvTable& t, const std::string& p) {
+    size_t bad = 0;
+    const auto c = need_cols(t, p, {"step", "layer", "head", "matrix", "sigma"});
+    for (const auto& row : t.rows) {
+      SpectralRow s;
+      if (!to_step(row[c[0]], s.step)) {
+        ++bad;
+        continue;
+      }
+      s.layer = to_index(row[c[1]]);
+      s.head = to_index(row[c[2]]);
+      s.matrix = row[c[3]];
+      s.sigma = to_num(row[c[4]]);
+      r.spectral.push_back(s);
+    }
+    return bad;
+  });
+  optional_csv(dir, "attn_stats.csv", r.attn_state, r, [&](const CsvTable& t, const std::string& p) {
+    size_t bad = 0;
+    const auto c = need_cols(t, p, {"step", "layer", "head", "stat", "value"});
+    for (const auto& row : t.rows) {
+      AttnRow a;
+      if (!to_step(row[c[0]], a.step)) {
+        ++bad;
+        continue;
+      }
+      a.layer = to_index(row[c[1]]);
+      a.head = to_index(row[c[2]]);
+      a.stat = row[c[3]];
+      a.value = to_num(row[c[4]]);
+      r.attn.push_back(a);
+    }
+    return bad;
+  });
+  optional_csv(dir, "delta_drift.csv", r.drift_state, r, [&](const CsvTable& t, const std::string& p) {
+    size_t bad = 0;
+    const auto c = need_cols(t, p, {"step", "layer", "head", "delta_drift_cum"});
+    const int cd = t.col("delta_drift"), ca = t.col("delta_abs_err"), cn = t.col("dwq_err_norm"),
+              cr = t.col("dwq_rel_err"), cc = t.col("dwq_cos_prev");
+    for (const auto& row : t.rows) {
+      DriftRow x;
+      if (!to_step(row[c[0]], x.step)) {
+        ++bad;
+        continue;
+      }
+      x.layer = to_index(row[c[1]]);
+      x.head = to_index(row[c[2]]);
+      x.cum = to_num(row[c[3]]);
+      x.drift = field(row, cd);
+      x.abs_err = field(row, ca);
+      x.dwq_err_norm = field(row, cn);
+      x.dwq_rel_err = field(row, cr);
+      x.cos_prev = field(row, cc);
+      r.drift.push_back(x);
+    }
+    return bad;
+  });
+  optional_csv(dir, "wasserstein.csv", r.wasserstein_state, r, [&](const CsvTable& t, const std::string& p) {
+    size_t bad = 0;
+    const auto c = need_cols(t, p, {"step", "tensor", "layer", "head", "w1", "w1_normalized", "max_abs_diff"});
+    for (const auto& row : t.rows) {
+      DistRow x;
+      if (!to_step(row[c[0]], x.step)) {
+        ++bad;
+        continue;
+      }
+      x.tensor = row[c[1]];
+      x.layer = to_index(row[c[2]]);
+      x.head = to_index(row[c[3]]);
+      x.w1 = to_num(row[c[4]]);
+      x.w1_normalized = to_num(row[c[5]]);
+      x.max_abs_diff = to_num(row[c[6]]);
+      r.wasserstein.push_back(x);
+    }
+    return bad;
+  });
+  return r;
+}
+
+}  // namespace st::report
