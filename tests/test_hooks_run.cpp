@@ -30,17 +30,7 @@ const fs::path& tmp_root() {
   return p;
 }
 
-std::string text_file() {
-  const fs::path p = tmp_root() / "text.txt";
-  if (!fs::exists(p)) {
-    const char* words[] = {"the ", "king ", "shall ", "not ", "die ", "to ", "night ", "and ",
-                           "my ", "lord ", "of ", "york\n", "good ", "morrow ", "sweet ", "friend,\n"};
-    Rng r(99);
-    std::ofstream f(p);
-    for (int i = 0; i < 8000; ++i) f << words[r.below(16)];
-  }
-  return p.string();
-}
+std::string text_file() { return st::test::pseudo_text_file(tmp_root() / "text.txt"); }
 
 // 2 layers x 2 heads, BF16, flash attention; hooks every 5 steps, checkpoints every 10.
 Config config(const std::string& name, const std::vector<std::string>& sets = {}) {
@@ -103,15 +93,6 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
   return v;
 }
 
-GPT2Config model_of(const Config& c) {
-  GPT2Config m;
-  m.n_layer = c.model.n_layer;
-  m.n_head = c.model.n_head;
-  m.n_embd = c.model.n_embd;
-  m.max_seq_len = c.model.max_seq_len;
-  m.vocab_size = c.model.vocab_size;
-  return m;
-}
 
 const char* const kHookFiles[] = {"spectral.csv", "grad_norms.csv", "attn_stats.csv",
                                   "delta_drift.csv"};
@@ -120,7 +101,7 @@ TEST(HooksRun, FilesAreCompleteAndConsistent) {
   const Config c = config("files");
   const TrainResult res = run_training(c, quiet());
   const fs::path d = c.run.out_dir;
-  const GPT2Config mc = model_of(c);
+  const GPT2Config mc = model_config(c);
   const auto slices = weight_slices(mc, true);
   size_t matrices = 0;
   for (const auto& s : slices) matrices += s.rows > 1 && s.cols > 1;
@@ -283,7 +264,7 @@ TEST(HooksRun, ReferenceRunDistances) {
   run_training(flash, quiet());
   const auto zero = read_csv(fs::path(same.run.out_dir) / "wasserstein.csv");
   const auto diff = read_csv(fs::path(flash.run.out_dir) / "wasserstein.csv");
-  const size_t rows = weight_slices(model_of(ref), true).size() * 2;  // steps 10 and 20
+  const size_t rows = weight_slices(model_config(ref), true).size() * 2;  // steps 10 and 20
   ASSERT_EQ(zero.size(), rows);
   ASSERT_EQ(diff.size(), rows);
   double max_w1 = 0;

@@ -9,6 +9,8 @@
 #include <iterator>
 #include <string>
 
+#include "core/rng.h"
+
 namespace st::test {
 
 // A whole file's bytes ("" if it cannot be read).
@@ -31,6 +33,19 @@ inline std::filesystem::path make_scratch_dir(const std::string& prefix) {
 inline int sh(const std::string& cmd) {
   const int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// A deterministic pseudo-text of ~40 KB (words from a small vocabulary) at `p`, written
+// once; returns the path.
+inline std::string pseudo_text_file(const std::filesystem::path& p) {
+  if (!std::filesystem::exists(p)) {
+    const char* words[] = {"the ", "king ", "shall ", "not ", "die ", "to ", "night ", "and ",
+                           "my ", "lord ", "of ", "york\n", "good ", "morrow ", "sweet ", "friend,\n"};
+    Rng r(99);
+    std::ofstream f(p);
+    for (int i = 0; i < 8000; ++i) f << words[r.below(16)];
+  }
+  return p.string();
 }
 
 #ifdef ST_SHARED_DATA_DIR

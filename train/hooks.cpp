@@ -584,13 +584,17 @@ std::vector<uint8_t> StabilityHooks::state() const {
 
 void StabilityHooks::at_start() {
   if (!enabled() || !cfg_.spectral) return;
-  Timer t(seconds_);
-  impl_->spectral(0);
+  {
+    Timer t(seconds_);
+    impl_->spectral(0);
+  }
+  impl_->log->info("hooks: step 0 (initial weights): {:.2f} s", seconds_);
 }
 
 void StabilityHooks::begin_step(int64_t s) {
-  if (!is_hook_step(s) || !cfg_.attn_stats) return;
-  impl_->model.set_collect_attention_stats(true);
+  if (!is_hook_step(s)) return;
+  step_start_seconds_ = seconds_;
+  if (cfg_.attn_stats) impl_->model.set_collect_attention_stats(true);
 }
 
 void StabilityHooks::before_last_backward(int64_t s) {
@@ -650,9 +654,12 @@ SpikeDecision StabilityHooks::check_spike(int64_t s, double loss, double grad_no
 }
 
 void StabilityHooks::after_update(int64_t s) {
-  if (!is_hook_step(s) || !cfg_.spectral) return;
-  Timer t(seconds_);
-  impl_->spectral(s);
+  if (!is_hook_step(s)) return;
+  if (cfg_.spectral) {
+    Timer t(seconds_);
+    impl_->spectral(s);
+  }
+  impl_->log->info("hooks: step {}: {:.2f} s", s, seconds_ - step_start_seconds_);
 }
 
 void StabilityHooks::at_checkpoint(int64_t s) {

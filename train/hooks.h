@@ -141,7 +141,7 @@ class StabilityHooks {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   HooksSection cfg_;
-  double seconds_ = 0;
+  double seconds_ = 0, step_start_seconds_ = 0;
 };
 
 }  // namespace st

@@ -312,12 +312,7 @@ void Run::build() {
     fail(cfg_.source, ": model.vocab_size = ", cfg_.model.vocab_size, " is smaller than the ",
          data_.vocab_size, " tokens of data.tokenizer '", cfg_.data.tokenizer, "'");
   be_ = make_backend(cfg_.device, cfg_.run.threads);
-  GPT2Config mc;
-  mc.n_layer = cfg_.model.n_layer;
-  mc.n_head = cfg_.model.n_head;
-  mc.n_embd = cfg_.model.n_embd;
-  mc.max_seq_len = cfg_.model.max_seq_len;
-  mc.vocab_size = cfg_.model.vocab_size;
+  GPT2Config mc = model_config(cfg_);
   ModelWeights init;
   if (!cfg_.model.init_from.empty()) {
     init = load_init_weights(cfg_);
@@ -620,6 +615,16 @@ TrainResult Run::go() {
 }
 
 }  // namespace
+
+GPT2Config model_config(const Config& cfg) {
+  GPT2Config mc;
+  mc.n_layer = cfg.model.n_layer;
+  mc.n_head = cfg.model.n_head;
+  mc.n_embd = cfg.model.n_embd;
+  mc.max_seq_len = cfg.model.max_seq_len;
+  mc.vocab_size = cfg.model.vocab_size;
+  return mc;
+}
 
 std::string latest_checkpoint(const std::string& dir) {
   const auto all = list_checkpoints(dir);

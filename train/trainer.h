@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "model/gpt2.h"
 #include "train/config.h"
 
 namespace st {
@@ -33,6 +34,9 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt);
 // The per-layer attention configs of a config (attention.* with layer_backends and
 // fp32_out_heads applied); errors name the key and the config file.
 std::vector<AttentionConfig> attention_configs(const Config& cfg);
+
+// The model shape of a config's model section.
+GPT2Config model_config(const Config& cfg);
 
 // Checkpoint file name for a step, and the newest checkpoint in a directory ("" if none).
 std::string checkpoint_name(int64_t step);
