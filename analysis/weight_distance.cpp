@@ -12,6 +12,8 @@
 // with compensated (Neumaier) summation and divided by n*m once.
 #include "analysis/weight_distance.h"
 
+#include "model/io.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "model/io.h"
 #include "train/checkpoint.h"
 
 namespace st {
@@ -130,42 +133,12 @@ std::vector<DistanceRow> weight_distances(const GPT2Config& c, const std::vector
 }
 
 CheckpointWeights load_checkpoint_weights(const std::string& path) {
-  CheckpointState s = load_checkpoint(path);
+  const CheckpointState s = load_checkpoint(path);
+  ModelWeights m = weights_from_checkpoint(s, path);
   CheckpointWeights w;
+  w.config = m.config;
   w.step = s.step;
-  GPT2Config& c = w.config;
-  c.n_layer = s.n_layer;
-  c.n_head = s.n_head;
-  c.n_embd = s.n_embd;
-  c.max_seq_len = s.max_seq_len;
-  c.vocab_size = s.vocab_size;
-  c.padded_vocab_size = s.padded_vocab_size;
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    fail("load_checkpoint_weights: ", path, ": bad model shape in the checkpoint: ", e.what());
-  }
-  const int64_t np = num_parameters(c);
-  const int eb = s.master_elem_bytes;
-  if (eb != 4 && eb != 8)
-    fail("load_checkpoint_weights: ", path, ": master_elem_bytes is ", eb,
-         " (expected 4 for float32 or 8 for float64)");
-  if (s.master.size() != static_cast<size_t>(np) * static_cast<size_t>(eb))
-    fail("load_checkpoint_weights: ", path, ": master weights hold ", s.master.size() / eb,
-         " values but the model shape it records (n_layer ", c.n_layer, ", n_head ", c.n_head,
-         ", n_embd ", c.n_embd, ", max_seq_len ", c.max_seq_len, ", padded vocab ", c.vp(),
-         ") has ", np, " parameters; the file is inconsistent");
-  w.master.resize(static_cast<size_t>(np));
-  // The bytes are little-endian IEEE (checkpoint.h); so is every machine we build for.
-  if (eb == 4) {
-    std::memcpy(w.master.data(), s.master.data(), s.master.size());
-  } else {
-    for (int64_t i = 0; i < np; ++i) {
-      double d;
-      std::memcpy(&d, s.master.data() + i * 8, 8);
-      w.master[static_cast<size_t>(i)] = static_cast<float>(d);
-    }
-  }
+  w.master = std::move(m.params);
   return w;
 }
 

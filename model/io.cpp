@@ -372,6 +372,35 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
   return w;
 }
 
+ModelWeights weights_from_checkpoint(const CheckpointState& s, const std::string& path) {
+  ModelWeights w;
+  GPT2Config& c = w.config;
+  c.n_layer = s.n_layer;
+  c.n_head = s.n_head;
+  c.n_embd = s.n_embd;
+  c.max_seq_len = s.max_seq_len;
+  c.vocab_size = s.vocab_size;
+  c.padded_vocab_size = s.padded_vocab_size;
+  check_config(c, path);
+  const size_t n = static_cast<size_t>(num_parameters(c));
+  const size_t eb = static_cast<size_t>(s.master_elem_bytes);
+  if ((eb != 4 && eb != 8) || s.master.size() != n * eb)
+    fail(path, ": the checkpoint's master weights hold ", s.master.size(), " bytes of ", eb,
+         "-byte values; its model shape (n_layer ", c.n_layer, ", n_head ", c.n_head,
+         ", n_embd ", c.n_embd, ", max_seq_len ", c.max_seq_len, ", padded vocab ", c.vp(),
+         ") has ", n, " parameters: the file is inconsistent");
+  w.params.resize(n);
+  for (size_t i = 0; i < n; ++i)  // little-endian IEEE (checkpoint.h), like every host we build for
+    if (eb == 4) {
+      std::memcpy(&w.params[i], s.master.data() + i * 4, 4);
+    } else {
+      double d;
+      std::memcpy(&d, s.master.data() + i * 8, 8);
+      w.params[i] = static_cast<float>(d);
+    }
+  return w;
+}
+
 ModelWeights load_weights(const std::string& path, int n_head) {
   if (!fs::exists(path)) fail(path, ": no such file");
   switch (detect_weight_format(path)) {
@@ -379,27 +408,8 @@ ModelWeights load_weights(const std::string& path, int n_head) {
       return load_llmc(path);
     case WeightFormat::Safetensors:
       return load_safetensors(path, n_head);
-    case WeightFormat::Checkpoint: {
-      const CheckpointState s = load_checkpoint(path);
-      ModelWeights w;
-      GPT2Config& c = w.config;
-      c.n_layer = s.n_layer;
-      c.n_head = s.n_head;
-      c.n_embd = s.n_embd;
-      c.max_seq_len = s.max_seq_len;
-      c.vocab_size = s.vocab_size;
-      c.padded_vocab_size = s.padded_vocab_size;
-      check_config(c, path);
-      const size_t n = static_cast<size_t>(num_parameters(c));
-      if (s.master.size() != n * static_cast<size_t>(s.master_elem_bytes))
-        fail(path, ": checkpoint holds ", s.master.size(), " bytes of weights, its shape needs ",
-             n * s.master_elem_bytes);
-      w.params.resize(n);
-      for (size_t i = 0; i < n; ++i)
-        w.params[i] = to_float(reinterpret_cast<const char*>(s.master.data()) + i * s.master_elem_bytes,
-                               s.master_elem_bytes == 8 ? "F64" : "F32");
-      return w;
-    }
+    case WeightFormat::Checkpoint:
+      return weights_from_checkpoint(load_checkpoint(path), path);
     default:
       fail(path, ": not a model file this build reads (llm.c model, safetensors or stabletrain "
            "checkpoint)");

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "model/gpt2.h"
+#include "train/checkpoint.h"
 
 namespace st {
 
@@ -46,6 +47,10 @@ void save_safetensors(const std::string& path, const ModelWeights& w, const std:
 ModelWeights load_safetensors(const std::string& path, int n_head = 0);
 // A transformers config.json for GPT2LMHeadModel with this shape.
 std::string hf_config_json(const GPT2Config& c);
+
+// The FP32 master weights of a checkpoint's state (FP64-mode checkpoints converted), with
+// its model shape; errors name `path`.
+ModelWeights weights_from_checkpoint(const CheckpointState& s, const std::string& path);
 
 // Weights from an llm.c file, a safetensors file or a stabletrain checkpoint (its FP32
 // master weights). Errors name the file.
