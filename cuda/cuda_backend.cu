@@ -1,18 +1,21 @@
-// CudaBackend: device memory, copies with format conversion, and the cuBLASLt forward GEMM.
+// CudaBackend: device memory (the arena), copies with format conversion, and every
+// Backend method as CUDA kernels (kernels.h) or cuBLASLt GEMMs (matmul.cu). Each method
+// checks shapes, dtypes (compute-format operands in storage fmt, statistics / master
+// weights / Adam moments in FP32) and aliasing, then enqueues on the backend's one stream.
 // BF16/FP16 values are stored as real 16-bit data on the GPU (storage_dtype is the
-// identity); FP64 has no GPU mode. Methods without a CUDA kernel yet throw, naming the
-// method, so a run can never silently fall back to something else.
+// identity); FP64 has no GPU mode. Attention is a later issue and throws, naming it, so a
+// run can never silently fall back to something else.
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
 
 namespace st {
 namespace {
-
-[[noreturn]] void not_implemented(const char* method) {
-  fail("CUDA backend: ", method, " is not implemented yet (issue 7: CUDA kernels)");
-}
 
 [[noreturn]] void no_fp64(const char* where) {
   fail("CUDA backend: ", where,
@@ -32,19 +35,62 @@ void host_convert(const Tensor& dst, const Tensor& src) {
     return convert_bf16_to_f32(src.data<uint16_t>(), dst.data<float>(), n);
   if (s == DType::F16 && d == DType::F32)
     return convert_fp16_to_f32(src.data<uint16_t>(), dst.data<float>(), n);
+  if (s == DType::F32 && d == DType::F64) {
+    const float* a = src.data<float>();
+    double* b = dst.data<double>();
+    for (size_t i = 0; i < n; ++i) b[i] = a[i];
+    return;
+  }
+  if (s == DType::F64 && d == DType::F32) {
+    const double* a = src.data<double>();
+    float* b = dst.data<float>();
+    for (size_t i = 0; i < n; ++i) b[i] = static_cast<float>(a[i]);
+    return;
+  }
   fail("CUDA backend: copy from ", src.desc(), " to ", dst.desc(),
-       " is not supported (supported conversions: fp32 <-> bf16, fp32 <-> fp16)");
+       " is not supported (supported conversions: fp32 <-> bf16, fp32 <-> fp16, and fp32 <-> "
+       "fp64 on the host)");
 }
 
 void check_operand(const Tensor& t, DType storage, const char* what) {
+  ST_CHECK(t.defined(), what, " is undefined");
   ST_CHECK(t.device() == Device::CUDA, what, " ", t.desc(), " must be on the GPU");
   ST_CHECK(t.dtype() == storage, what, " ", t.desc(), " must have storage ", dtype_name(storage));
 }
 
 bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
   const auto* pa = static_cast<const char*>(a.raw());
   const auto* pb = static_cast<const char*>(b.raw());
   return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+bool same_memory(const Tensor& a, const Tensor& b) {
+  return a.raw() == b.raw() && a.nbytes() == b.nbytes() && a.dtype() == b.dtype();
+}
+// Elementwise kernels read and write element i in the same thread: an output may be one of
+// the inputs exactly, but must not partly overlap it.
+void check_elementwise_alias(const Tensor& out, const Tensor& in, const char* what) {
+  ST_CHECK(!overlaps(out, in) || same_memory(out, in), what, ": ", out.desc(), " partly overlaps ",
+           in.desc());
+}
+void check_disjoint(const Tensor& a, const Tensor& b, const char* what) {
+  ST_CHECK(!overlaps(a, b), what, ": ", a.desc(), " overlaps ", b.desc(),
+           " (this kernel cannot run in place)");
+}
+
+int to_int(int64_t v, const char* what) {
+  ST_CHECK(v >= 0 && v <= INT32_MAX, what, " = ", v, " does not fit in int");
+  return static_cast<int>(v);
+}
+
+void check_tokens(const Tensor& tokens, int64_t B, int64_t T, int64_t vocab_rows) {
+  check_shape(tokens, {B, T}, "tokens");
+  ST_CHECK(tokens.device() == Device::CPU && tokens.dtype() == DType::I32,
+           "tokens must be int32 on the host, got ", tokens.desc());
+  const int32_t* tk = static_cast<const int32_t*>(tokens.raw());
+  for (int64_t i = 0; i < B * T; ++i)
+    ST_CHECK(tk[i] >= 0 && tk[i] < vocab_rows, "token id ", tk[i], " at position ", i,
+             " is outside the embedding table of ", vocab_rows, " rows");
 }
 
 }  // namespace
@@ -57,8 +103,14 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
   // A blocking stream: work on the legacy default stream still orders with it.
   ST_CUDA_CHECK(cudaStreamCreate(&stream_));
   try {
+    arena_ = std::make_shared<DeviceArena>(device_index);
     gemm_ = std::make_unique<LtGemm>();
+    ST_CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+    ST_CUDA_CHECK(cudaMallocHost(&pinned_result_, 256));
   } catch (...) {  // the destructor does not run for a throwing constructor
+    if (staged_) ST_CUDA_CHECK_NOTHROW(cudaEventDestroy(staged_));
+    gemm_.reset();
+    arena_.reset();
     ST_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
     throw;
   }
@@ -67,11 +119,17 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
 CudaBackend::~CudaBackend() {
   ST_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
   gemm_.reset();
+  if (staging_) ST_CUDA_CHECK_NOTHROW(cudaFreeHost(staging_));
+  if (pinned_result_) ST_CUDA_CHECK_NOTHROW(cudaFreeHost(pinned_result_));
+  if (staged_) ST_CUDA_CHECK_NOTHROW(cudaEventDestroy(staged_));
+  arena_.reset();  // chunks go back once no tensor holds memory from them
   ST_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
 }
 
 DType CudaBackend::storage_dtype(DType fmt) const {
   if (fmt == DType::F64) no_fp64("storage_dtype");
+  ST_CHECK(fmt == DType::F32 || fmt == DType::BF16 || fmt == DType::F16, "CUDA backend: format ",
+           dtype_name(fmt), " is not a compute format");
   return fmt;
 }
 
@@ -83,19 +141,52 @@ Tensor CudaBackend::alloc(const Shape& shape, DType storage) {
   s->device = Device::CUDA;
   if (bytes) {
     try {
-      ST_CUDA_CHECK(cudaMalloc(&s->data, bytes));
+      s->data = arena_->allocate(bytes);
     } catch (const Error& e) {
       fail("CUDA backend: allocating ", dtype_name(storage), shape_str(shape), " (", bytes,
            " bytes): ", e.what());
     }
+    std::shared_ptr<DeviceArena> arena = arena_;
+    s->deleter = [arena](void* p) { arena->release(p); };
   }
-  s->deleter = [](void* p) {
-    // At process exit the runtime may already be unloaded; the memory is gone with it.
-    const cudaError_t e = cudaFree(p);
-    if (e != cudaErrorCudartUnloading)
-      cuda_detail::check_nothrow(e, "cudaFree(p)", __FILE__, __LINE__);
-  };
   return Tensor::wrap(std::move(s), shape, storage);
+}
+
+std::shared_ptr<Storage> CudaBackend::scratch(size_t bytes) {
+  auto s = std::make_shared<Storage>();
+  s->bytes = std::max<size_t>(bytes, 1);
+  s->device = Device::CUDA;
+  s->data = arena_->allocate(s->bytes);
+  std::shared_ptr<DeviceArena> arena = arena_;
+  s->deleter = [arena](void* p) { arena->release(p); };
+  return s;
+}
+
+std::shared_ptr<Storage> CudaBackend::upload_ints(const int32_t* host, size_t n) {
+  const size_t bytes = n * sizeof(int32_t);
+  auto dev = scratch(bytes);
+  if (bytes == 0) return dev;
+  // The previous upload from the staging buffer must have left it before it is rewritten.
+  ST_CUDA_CHECK(cudaEventSynchronize(staged_));
+  if (bytes > staging_bytes_) {
+    if (staging_) ST_CUDA_CHECK(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    const size_t want = std::max<size_t>(bytes, size_t{64} << 10);
+    ST_CUDA_CHECK(cudaMallocHost(&staging_, want));
+    staging_bytes_ = want;
+  }
+  std::memcpy(staging_, host, bytes);
+  ST_CUDA_CHECK(cudaMemcpyAsync(dev->data, staging_, bytes, cudaMemcpyHostToDevice, stream_));
+  ST_CUDA_CHECK(cudaEventRecord(staged_, stream_));
+  return dev;
+}
+
+const void* CudaBackend::fetch_small(const void* dev, size_t bytes) {
+  ST_CHECK(bytes <= 256, "fetch_small: ", bytes, " bytes");
+  ST_CUDA_CHECK(cudaMemcpyAsync(pinned_result_, dev, bytes, cudaMemcpyDeviceToHost, stream_));
+  ST_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return pinned_result_;
 }
 
 void CudaBackend::zero(const Tensor& t) {
@@ -130,13 +221,21 @@ void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
 
 // Conversions run on the GPU; a host operand is staged through a temporary device buffer
 // in the host tensor's own dtype (setup and checkpoint paths, not the training step).
+// Device -> host fp64 (the model reads the FP32 losses into fp64) widens exactly through
+// host fp32; host fp64 -> device would narrow and is refused.
 void CudaBackend::copy_convert(const Tensor& dst, const Tensor& src) {
   const bool to_dev = dst.device() == Device::CUDA, from_dev = src.device() == Device::CUDA;
   if (!to_dev && !from_dev) return host_convert(dst, src);
+  const int64_t n64 = dst.numel();
+  if (!to_dev && dst.dtype() == DType::F64) {
+    Tensor f32 = Tensor::empty({n64}, DType::F32);
+    copy(f32, src.view({n64}));
+    return host_convert(dst, f32.view(dst.shape()));
+  }
   if (dst.dtype() == DType::F64 || src.dtype() == DType::F64) no_fp64("copy");
   ST_CHECK(cuda_can_convert(dst.dtype(), src.dtype()), "copy from ", src.desc(), " to ", dst.desc(),
            " is not supported (supported conversions: fp32 <-> bf16, fp32 <-> fp16)");
-  const size_t n = static_cast<size_t>(dst.numel());
+  const size_t n = static_cast<size_t>(n64);
   if (to_dev && from_dev) {
     cuda_convert(dst.raw(), dst.dtype(), src.raw(), src.dtype(), n, stream_);
   } else if (to_dev) {
@@ -144,7 +243,7 @@ void CudaBackend::copy_convert(const Tensor& dst, const Tensor& src) {
     ST_CUDA_CHECK(
         cudaMemcpyAsync(staged.raw(), src.raw(), src.nbytes(), cudaMemcpyHostToDevice, stream_));
     cuda_convert(dst.raw(), dst.dtype(), staged.raw(), src.dtype(), n, stream_);
-    ST_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before `staged` is freed
+    ST_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host source must outlive the copy
   } else {
     Tensor staged = alloc(dst.shape(), dst.dtype());
     cuda_convert(staged.raw(), dst.dtype(), src.raw(), src.dtype(), n, stream_);
@@ -154,9 +253,164 @@ void CudaBackend::copy_convert(const Tensor& dst, const Tensor& src) {
   }
 }
 
+// dst <- round_fmt(src): the copy rounds already when dst's storage is fmt; FP32 storage
+// holding fmt values (the CPU's convention) is rounded in place after the copy.
+void CudaBackend::round_copy(const Tensor& dst, const Tensor& src, DType fmt) {
+  if (fmt == DType::F64) no_fp64("round_copy");
+  copy(dst, src);
+  if (dst.dtype() != DType::F32 || fmt == DType::F32 || dst.numel() == 0) return;
+  if (dst.device() == Device::CUDA) {
+    cudak::round_inplace(static_cast<float*>(dst.raw()), static_cast<size_t>(dst.numel()), fmt,
+                         stream_);
+  } else {
+    round_inplace(fmt, dst.data<float>(), static_cast<size_t>(dst.numel()));
+  }
+}
+
 void CudaBackend::synchronize() {
   ST_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
+
+// ---------------------------------------------------------------- encoder
+
+void CudaBackend::encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                  const Tensor& wpe, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  ST_CHECK(out.defined() && out.ndim() == 3, "encoder_forward: out ", out.desc(),
+           " must be (B, T, C)");
+  const int64_t B = out.dim(0), T = out.dim(1), C = out.dim(2);
+  ST_CHECK(wte.defined() && wte.ndim() == 2 && wpe.defined() && wpe.ndim() == 2,
+           "encoder_forward: wte ", wte.desc(), " and wpe ", wpe.desc(), " must be 2-D");
+  check_tokens(tokens, B, T, wte.dim(0));
+  check_shape(wte, {wte.dim(0), C}, "encoder wte");
+  ST_CHECK(wpe.dim(1) == C, "encoder: wpe ", wpe.desc(), " does not have ", C, " columns");
+  ST_CHECK(T <= wpe.dim(0), "encoder: sequence length ", T, " exceeds max_seq_len ", wpe.dim(0));
+  check_operand(out, s, "encoder_forward: out");
+  check_operand(wte, s, "encoder_forward: wte");
+  check_operand(wpe, s, "encoder_forward: wpe");
+  check_disjoint(out, wte, "encoder_forward");
+  check_disjoint(out, wpe, "encoder_forward");
+  if (out.numel() == 0) return;
+  auto tok = upload_ints(static_cast<const int32_t*>(tokens.raw()), static_cast<size_t>(B * T));
+  cudak::encoder_forward(out.raw(), static_cast<const int32_t*>(tok->data), wte.raw(), wpe.raw(),
+                         to_int(B, "B"), to_int(T, "T"), to_int(C, "C"), s, stream_);
+}
+
+// The grouping is the CPU's (layers/encoder_cpu.cpp): positions stably sorted by token, so
+// each token's rows are summed in (b, t) order.
+void CudaBackend::encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                   const Tensor& tokens, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  ST_CHECK(dout.defined() && dout.ndim() == 3, "encoder_backward: dout ", dout.desc(),
+           " must be (B, T, C)");
+  const int64_t B = dout.dim(0), T = dout.dim(1), C = dout.dim(2);
+  ST_CHECK(dwte.defined() && dwte.ndim() == 2 && dwpe.defined() && dwpe.ndim() == 2,
+           "encoder_backward: dwte ", dwte.desc(), " and dwpe ", dwpe.desc(), " must be 2-D");
+  check_tokens(tokens, B, T, dwte.dim(0));
+  check_shape(dwte, {dwte.dim(0), C}, "encoder dwte");
+  ST_CHECK(dwpe.dim(1) == C && dwpe.dim(0) >= T, "encoder_backward: dwpe ", dwpe.desc(),
+           " must have at least ", T, " rows of ", C);
+  check_operand(dwte, s, "encoder_backward: dwte");
+  check_operand(dwpe, s, "encoder_backward: dwpe");
+  check_operand(dout, s, "encoder_backward: dout");
+  check_disjoint(dwte, dout, "encoder_backward");
+  check_disjoint(dwpe, dout, "encoder_backward");
+  check_disjoint(dwte, dwpe, "encoder_backward");
+  const int n = to_int(B * T, "B*T");
+  if (n == 0 || C == 0) return;
+  const int32_t* tk = static_cast<const int32_t*>(tokens.raw());
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tk[a] < tk[b]; });
+  // One upload: order (n), starts (groups + 1), rows (groups).
+  std::vector<int32_t> starts, rows;
+  for (int i = 0; i < n; ++i) {
+    if (i == 0 || tk[order[i]] != tk[order[i - 1]]) {
+      starts.push_back(i);
+      rows.push_back(tk[order[i]]);
+    }
+  }
+  const int groups = static_cast<int>(rows.size());
+  starts.push_back(n);
+  std::vector<int32_t> host(order);
+  host.insert(host.end(), starts.begin(), starts.end());
+  host.insert(host.end(), rows.begin(), rows.end());
+  auto dev = upload_ints(host.data(), host.size());
+  const auto* d = static_cast<const int32_t*>(dev->data);
+  cudak::encoder_backward(dwte.raw(), dwpe.raw(), dout.raw(), d, d + n, d + n + groups + 1, groups,
+                          to_int(B, "B"), to_int(T, "T"), to_int(C, "C"), s, stream_);
+}
+
+// ---------------------------------------------------------------- layernorm
+
+void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                    const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                                    DType fmt) {
+  const DType s = storage_dtype(fmt);
+  ST_CHECK(inp.defined() && inp.ndim() >= 1 && inp.dim(-1) > 0, "layernorm_forward: inp ",
+           inp.desc());
+  const int64_t C = inp.dim(-1), N = inp.numel() / C;
+  check_same(out, inp, "layernorm out vs inp");
+  check_shape(weight, {C}, "layernorm weight");
+  check_shape(bias, {C}, "layernorm bias");
+  ST_CHECK(mean.numel() == N && rstd.numel() == N, "layernorm: mean/rstd need ", N,
+           " elements, got ", mean.desc(), ", ", rstd.desc());
+  check_operand(out, s, "layernorm_forward: out");
+  check_operand(inp, s, "layernorm_forward: inp");
+  check_operand(weight, s, "layernorm_forward: weight");
+  check_operand(bias, s, "layernorm_forward: bias");
+  check_operand(mean, DType::F32, "layernorm_forward: mean");
+  check_operand(rstd, DType::F32, "layernorm_forward: rstd");
+  for (const Tensor* t : {&inp, &weight, &bias, &mean, &rstd})
+    check_disjoint(out, *t, "layernorm_forward");
+  check_disjoint(mean, rstd, "layernorm_forward");
+  for (const Tensor* t : {&inp, &weight, &bias}) {
+    check_disjoint(mean, *t, "layernorm_forward");
+    check_disjoint(rstd, *t, "layernorm_forward");
+  }
+  cudak::layernorm_forward(out.raw(), static_cast<float*>(mean.raw()),
+                           static_cast<float*>(rstd.raw()), inp.raw(), weight.raw(), bias.raw(),
+                           to_int(N, "N"), to_int(C, "C"), s, stream_);
+}
+
+void CudaBackend::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                     const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                     const Tensor& mean, const Tensor& rstd, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  ST_CHECK(inp.defined() && inp.ndim() >= 1 && inp.dim(-1) > 0, "layernorm_backward: inp ",
+           inp.desc());
+  const int64_t C = inp.dim(-1), N = inp.numel() / C;
+  check_same(dinp, inp, "layernorm dinp vs inp");
+  check_same(dout, inp, "layernorm dout vs inp");
+  check_shape(dweight, {C}, "layernorm dweight");
+  check_shape(dbias, {C}, "layernorm dbias");
+  ST_CHECK(mean.numel() == N && rstd.numel() == N, "layernorm backward: mean/rstd need ", N,
+           " elements, got ", mean.desc(), ", ", rstd.desc());
+  check_operand(dinp, s, "layernorm_backward: dinp");
+  check_operand(dweight, s, "layernorm_backward: dweight");
+  check_operand(dbias, s, "layernorm_backward: dbias");
+  check_operand(dout, s, "layernorm_backward: dout");
+  check_operand(inp, s, "layernorm_backward: inp");
+  check_operand(weight, s, "layernorm_backward: weight");
+  check_operand(mean, DType::F32, "layernorm_backward: mean");
+  check_operand(rstd, DType::F32, "layernorm_backward: rstd");
+  for (const Tensor* out : {&dinp, &dweight, &dbias}) {
+    for (const Tensor* in : {&dout, &inp, &weight, &mean, &rstd})
+      check_disjoint(*out, *in, "layernorm_backward");
+  }
+  check_disjoint(dinp, dweight, "layernorm_backward");
+  check_disjoint(dinp, dbias, "layernorm_backward");
+  check_disjoint(dweight, dbias, "layernorm_backward");
+  if (N == 0) return;
+  const int n = to_int(N, "N"), c = to_int(C, "C");
+  auto scr = scratch(cudak::layernorm_backward_scratch(n, c) * sizeof(float));
+  cudak::layernorm_backward(dinp.raw(), dweight.raw(), dbias.raw(), dout.raw(), inp.raw(),
+                            weight.raw(), static_cast<const float*>(mean.raw()),
+                            static_cast<const float*>(rstd.raw()), n, c, s,
+                            static_cast<float*>(scr->data), stream_);
+}
+
+// ---------------------------------------------------------------- matmul
 
 // out (N,OC) = inp (N,C) . weight (OC,C)^T + bias (OC). Leading dimensions of inp and out
 // are flattened into N, so (B,T,C) activations are accepted as they are.
@@ -180,58 +434,196 @@ void CudaBackend::matmul_forward(const Tensor& out, const Tensor& inp, const Ten
     check_operand(bias, storage, "matmul_forward: bias");
   }
   if (N == 0) return;
-  ST_CHECK(!overlaps(out, inp) && !overlaps(out, weight), "matmul_forward: out ", out.desc(),
-           " overlaps an input (cuBLASLt cannot run in place)");
+  ST_CHECK(!overlaps(out, inp) && !overlaps(out, weight) && !overlaps(out, bias),
+           "matmul_forward: out ", out.desc(), " overlaps an input (cuBLASLt cannot run in place)");
   gemm_->run(out.raw(), inp.raw(), weight.raw(), bias.defined() ? bias.raw() : nullptr, N, C, OC,
              storage, stream_);
 }
 
-void CudaBackend::encoder_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                  DType) {
-  not_implemented("encoder_forward");
+// dinp = round(dout . weight) (overwritten); dweight = round(dweight + dout^T . inp) (one
+// beta = 1 GEMM, as the CPU); dbias = round(dbias + colsum(dout)) (reduce.cu).
+void CudaBackend::matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                  DType fmt) {
+  const DType s = storage_dtype(fmt);
+  ST_CHECK(weight.defined() && weight.ndim() == 2 && weight.dim(0) > 0 && weight.dim(1) > 0,
+           "matmul_backward: weight ", weight.desc(), " must be (OC, C)");
+  const int64_t OC = weight.dim(0), C = weight.dim(1);
+  ST_CHECK(inp.defined() && inp.ndim() >= 1 && inp.dim(-1) == C, "matmul_backward: inp ",
+           inp.desc(), " must be (N, ", C, ") for weight ", weight.desc());
+  const int64_t N = inp.numel() / C;
+  check_same(dweight, weight, "matmul dweight vs weight");
+  ST_CHECK(dout.defined() && dout.numel() == N * OC && dout.dim(-1) == OC, "matmul backward: dout ",
+           dout.desc(), ", expected ", N, " x ", OC);
+  if (dinp.defined()) check_same(dinp, inp, "matmul dinp vs inp");
+  if (dbias.defined()) check_shape(dbias, {OC}, "matmul dbias");
+  check_operand(dweight, s, "matmul_backward: dweight");
+  check_operand(dout, s, "matmul_backward: dout");
+  check_operand(inp, s, "matmul_backward: inp");
+  check_operand(weight, s, "matmul_backward: weight");
+  if (dinp.defined()) check_operand(dinp, s, "matmul_backward: dinp");
+  if (dbias.defined()) check_operand(dbias, s, "matmul_backward: dbias");
+  for (const Tensor* out : {&dinp, &dweight, &dbias}) {
+    for (const Tensor* in : {&dout, &inp, &weight})
+      ST_CHECK(!overlaps(*out, *in), "matmul_backward: ", out->desc(), " overlaps the input ",
+               in->desc(), " (cuBLASLt cannot run in place)");
+  }
+  check_disjoint(dinp, dweight, "matmul_backward");
+  check_disjoint(dinp, dbias, "matmul_backward");
+  check_disjoint(dweight, dbias, "matmul_backward");
+  if (N == 0) return;
+  if (dinp.defined())
+    gemm_->backward_dinp(dinp.raw(), dout.raw(), weight.raw(), N, C, OC, s, stream_);
+  gemm_->backward_dweight(dweight.raw(), dout.raw(), inp.raw(), N, C, OC, s, stream_);
+  if (dbias.defined()) {
+    const int n = to_int(N, "N"), oc = to_int(OC, "OC");
+    auto scr = scratch(cudak::colsum_scratch(n, oc) * sizeof(float));
+    cudak::colsum_accumulate(dbias.raw(), dout.raw(), n, oc, s, static_cast<float*>(scr->data),
+                             stream_);
+  }
 }
-void CudaBackend::encoder_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                   DType) {
-  not_implemented("encoder_backward");
+
+// ---------------------------------------------------------------- elementwise
+
+void CudaBackend::gelu_forward(const Tensor& out, const Tensor& inp, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  check_same(out, inp, "gelu out vs inp");
+  check_operand(out, s, "gelu_forward: out");
+  check_operand(inp, s, "gelu_forward: inp");
+  check_elementwise_alias(out, inp, "gelu_forward");
+  cudak::gelu_forward(out.raw(), inp.raw(), static_cast<size_t>(inp.numel()), s, stream_);
 }
-void CudaBackend::layernorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                    const Tensor&, const Tensor&, DType) {
-  not_implemented("layernorm_forward");
+
+void CudaBackend::gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout,
+                                DType fmt) {
+  const DType s = storage_dtype(fmt);
+  check_same(dinp, inp, "gelu dinp vs inp");
+  check_same(dout, inp, "gelu dout vs inp");
+  check_operand(dinp, s, "gelu_backward: dinp");
+  check_operand(inp, s, "gelu_backward: inp");
+  check_operand(dout, s, "gelu_backward: dout");
+  check_elementwise_alias(dinp, inp, "gelu_backward");
+  check_elementwise_alias(dinp, dout, "gelu_backward");
+  cudak::gelu_backward(dinp.raw(), inp.raw(), dout.raw(), static_cast<size_t>(inp.numel()), s,
+                       stream_);
 }
-void CudaBackend::layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                     const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                     DType) {
-  not_implemented("layernorm_backward");
+
+void CudaBackend::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  check_same(out, a, "residual out vs a");
+  check_same(b, a, "residual b vs a");
+  check_operand(out, s, "residual_forward: out");
+  check_operand(a, s, "residual_forward: a");
+  check_operand(b, s, "residual_forward: b");
+  check_elementwise_alias(out, a, "residual_forward");
+  check_elementwise_alias(out, b, "residual_forward");
+  cudak::residual_forward(out.raw(), a.raw(), b.raw(), static_cast<size_t>(a.numel()), s, stream_);
 }
-void CudaBackend::matmul_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                  const Tensor&, const Tensor&, DType) {
-  not_implemented("matmul_backward");
+
+// ---------------------------------------------------------------- classifier
+
+void CudaBackend::crossentropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
+                                                const Tensor& logits, const Tensor& targets, int V,
+                                                float dloss, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  ST_CHECK(logits.defined() && logits.ndim() >= 1 && logits.dim(-1) > 0, "crossentropy: logits ",
+           logits.desc());
+  const int64_t Vp = logits.dim(-1), N = logits.numel() / Vp;
+  ST_CHECK(V > 0 && V <= Vp, "crossentropy: V = ", V, " with ", Vp, " logit columns");
+  ST_CHECK(losses.defined() && losses.numel() == N, "crossentropy: losses ", losses.desc(),
+           ", expected ", N);
+  ST_CHECK(targets.defined() && targets.numel() == N && targets.device() == Device::CPU &&
+               targets.dtype() == DType::I32,
+           "crossentropy: targets ", targets.desc(), ", expected ", N, " host int32");
+  const int32_t* tg = static_cast<const int32_t*>(targets.raw());
+  for (int64_t i = 0; i < N; ++i)
+    ST_CHECK(tg[i] >= 0 && tg[i] < V, "crossentropy: target ", tg[i], " at position ", i,
+             " is outside the vocabulary [0, ", V, ")");
+  check_operand(logits, s, "crossentropy: logits");
+  check_operand(losses, DType::F32, "crossentropy: losses");
+  check_disjoint(losses, logits, "crossentropy");
+  if (dlogits.defined()) {
+    check_same(dlogits, logits, "crossentropy dlogits vs logits");
+    check_operand(dlogits, s, "crossentropy: dlogits");
+    check_elementwise_alias(dlogits, logits, "crossentropy");
+    check_disjoint(losses, dlogits, "crossentropy");
+  }
+  if (N == 0) return;
+  auto tgt = upload_ints(tg, static_cast<size_t>(N));
+  cudak::crossentropy(static_cast<float*>(losses.raw()),
+                      dlogits.defined() ? dlogits.raw() : nullptr, logits.raw(),
+                      static_cast<const int32_t*>(tgt->data), to_int(N, "N"), V, to_int(Vp, "Vp"),
+                      dloss, s, stream_);
 }
-void CudaBackend::gelu_forward(const Tensor&, const Tensor&, DType) {
-  not_implemented("gelu_forward");
+
+// ---------------------------------------------------------------- reductions
+
+double CudaBackend::sum_squares(const Tensor& t) {
+  ST_CHECK(t.defined(), "sum_squares: undefined tensor");
+  ST_CHECK(t.device() == Device::CUDA, "sum_squares: ", t.desc(), " must be on the GPU");
+  const size_t n = static_cast<size_t>(t.numel());
+  if (n == 0) return 0.0;
+  const size_t parts = cudak::sum_squares_scratch(n);
+  auto scr = scratch((parts + 1) * sizeof(double));
+  auto* part = static_cast<double*>(scr->data);
+  cudak::sum_squares(part + parts, t.raw(), n, t.dtype(), part, stream_);
+  double r;
+  std::memcpy(&r, fetch_small(part + parts, sizeof(double)), sizeof(double));
+  return r;
 }
-void CudaBackend::gelu_backward(const Tensor&, const Tensor&, const Tensor&, DType) {
-  not_implemented("gelu_backward");
+
+bool CudaBackend::all_finite(const Tensor& t) {
+  ST_CHECK(t.defined(), "all_finite: undefined tensor");
+  ST_CHECK(t.device() == Device::CUDA, "all_finite: ", t.desc(), " must be on the GPU");
+  const size_t n = static_cast<size_t>(t.numel());
+  if (n == 0) return true;
+  auto scr = scratch(sizeof(int));
+  ST_CUDA_CHECK(cudaMemsetAsync(scr->data, 0, sizeof(int), stream_));
+  cudak::any_nonfinite(static_cast<int*>(scr->data), t.raw(), n, t.dtype(), stream_);
+  int bad;
+  std::memcpy(&bad, fetch_small(scr->data, sizeof(int)), sizeof(int));
+  return bad == 0;
 }
-void CudaBackend::residual_forward(const Tensor&, const Tensor&, const Tensor&, DType) {
-  not_implemented("residual_forward");
+
+// ---------------------------------------------------------------- optimizer
+
+void CudaBackend::adamw_update(const Tensor& master, const Tensor& param, const Tensor& grad,
+                               const Tensor& m, const Tensor& v, const AdamWArgs& a, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  check_operand(master, DType::F32, "adamw: master");
+  check_same(m, master, "adamw m vs master");
+  check_same(v, master, "adamw v vs master");
+  check_operand(m, DType::F32, "adamw: m");
+  check_operand(v, DType::F32, "adamw: v");
+  ST_CHECK(grad.defined() && param.defined() && grad.numel() == master.numel() &&
+               param.numel() == master.numel(),
+           "adamw: grad ", grad.desc(), " / param ", param.desc(), " vs master ", master.desc());
+  check_operand(grad, s, "adamw: grad");
+  check_operand(param, s, "adamw: param");
+  const bool alias = same_memory(param, master);
+  for (const Tensor* t : {&grad, &m, &v}) {
+    check_disjoint(master, *t, "adamw");
+    check_disjoint(param, *t, "adamw");
+  }
+  check_disjoint(m, v, "adamw");
+  check_disjoint(m, grad, "adamw");
+  check_disjoint(v, grad, "adamw");
+  if (!alias) check_disjoint(param, master, "adamw");
+  const size_t n = static_cast<size_t>(master.numel());
+  if (n == 0) return;
+  const cudak::AdamWScalars k =
+      cudak::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale);
+  const bool stochastic = stochastic_rounding_ && !alias && s != DType::F32;
+  cudak::adamw(static_cast<float*>(master.raw()), alias ? nullptr : param.raw(), grad.raw(),
+               static_cast<float*>(m.raw()), static_cast<float*>(v.raw()), n, k, s, stochastic,
+               sr_seed_, static_cast<uint64_t>(a.step), static_cast<uint64_t>(param.offset()),
+               stream_);
 }
-void CudaBackend::crossentropy_forward_backward(const Tensor&, const Tensor&, const Tensor&,
-                                                const Tensor&, int, float, DType) {
-  not_implemented("crossentropy_forward_backward");
-}
-double CudaBackend::sum_squares(const Tensor&) {
-  not_implemented("sum_squares");
-}
-bool CudaBackend::all_finite(const Tensor&) {
-  not_implemented("all_finite");
-}
-void CudaBackend::adamw_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&, const AdamWArgs&, DType) {
-  not_implemented("adamw_update");
-}
+
 std::unique_ptr<Attention> CudaBackend::make_attention(const AttentionConfig&) {
-  not_implemented("make_attention");
+  fail(
+      "CUDA backend: make_attention is not implemented yet (issue 8: baseline attention on "
+      "the GPU); attention runs on the CPU backend only (device: cpu)");
 }
 
 bool cuda_available() {

@@ -1,7 +1,8 @@
-// The CUDA backend (cuda_backend.cu) and the pieces it is built from: the storage-format
-// conversion kernels (convert.cu) and the cuBLASLt GEMM (matmul.cu). Values are stored in
+// The CUDA backend (cuda_backend.cu) and the pieces it is built from: the device memory
+// arena (arena.h), the storage-format conversion kernels (convert.cu), the cuBLASLt GEMMs
+// (matmul.cu) and one kernel family per file (kernels.h lists them). Values are stored in
 // their real format on the GPU (BF16/FP16 storage); arithmetic is FP32 and every stored
-// result is rounded once, round-to-nearest-even, as on the CPU backend.
+// result is rounded once, round-to-nearest-even, at the CPU backend's points.
 // Everything runs on the backend's one stream, in order.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -14,6 +15,7 @@
 #include <tuple>
 
 #include "core/backend.h"
+#include "cuda/arena.h"
 
 typedef struct cublasLtContext* cublasLtHandle_t;
 
@@ -26,10 +28,27 @@ void cuda_convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, 
                   cudaStream_t stream);
 bool cuda_can_convert(DType dst_dtype, DType src_dtype);
 
-// Row-major GEMM on cuBLASLt: out (N,OC) = inp (N,C) . weight (OC,C)^T + bias (OC).
-// dtype is the storage of all four operands: BF16/F16 (FP32 compute, one rounding at the
-// store, bias added in FP32 by the epilogue) or F32 (plain FP32, no TF32).
-// One plan (descriptors + algorithm) is cached per shape, dtype and pointer alignment.
+// One cuBLASLt GEMM in column-major terms: D (m,n) = op(A) (m,k) . op(B) (k,n) [+ bias (m)]
+// [+ D when beta = 1]. All operands in storage `dtype`; FP32 compute. See matmul.cu.
+struct GemmOp {
+  bool transa = false, transb = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* A = nullptr;
+  int64_t lda = 0;
+  const void* B = nullptr;
+  int64_t ldb = 0;
+  void* D = nullptr;
+  int64_t ldd = 0;
+  float beta = 0.0f;  // 0 (overwrite) or 1 (accumulate into D)
+  const void* bias = nullptr;
+  DType dtype = DType::BF16;
+};
+
+// Row-major GEMMs on cuBLASLt (matmul.cu): the forward out (N,OC) = inp (N,C) .
+// weight (OC,C)^T + bias (OC) and the two backward products. dtype is the storage of every
+// operand: BF16/F16 (FP32 compute, one rounding at the store, bias and beta*C added in FP32)
+// or F32 (plain FP32, no TF32). One plan (descriptors + algorithm) is cached per shape,
+// transposes, dtype, beta and pointer alignment.
 class LtGemm {
  public:
   LtGemm();
@@ -37,14 +56,24 @@ class LtGemm {
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
+  void matmul(const GemmOp& op, cudaStream_t stream);
+  // out (N,OC) = inp (N,C) . weight (OC,C)^T + bias (OC); bias may be null.
   void run(void* out, const void* inp, const void* weight, const void* bias, int64_t N, int64_t C,
            int64_t OC, DType dtype, cudaStream_t stream);
+  // dinp (N,C) = dout (N,OC) . weight (OC,C), overwritten.
+  void backward_dinp(void* dinp, const void* dout, const void* weight, int64_t N, int64_t C,
+                     int64_t OC, DType dtype, cudaStream_t stream);
+  // dweight (OC,C) = round(dweight + dout^T . inp).
+  void backward_dweight(void* dweight, const void* dout, const void* inp, int64_t N, int64_t C,
+                        int64_t OC, DType dtype, cudaStream_t stream);
   size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
   struct Plan;
-  // (m, n, k, dtype, has_bias, alignment of A, B, C/D, bias)
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int, int, int>;
+  // (transa, transb, m, n, k, lda, ldb, ldd, dtype, has_bias, accumulate, alignment of A, B,
+  // C/D, bias)
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
+                         bool, bool, int, int, int, int>;
   Plan& plan(const Key& key, const void* bias);
 
   cublasLtHandle_t handle_ = nullptr;
@@ -61,9 +90,11 @@ class CudaBackend : public Backend {
   Device device() const override { return Device::CUDA; }
   std::string name() const override { return name_; }
   DType storage_dtype(DType fmt) const override;
+  // Device memory from the arena (arena.h): no cudaMalloc once the arena holds enough.
   Tensor alloc(const Shape& shape, DType storage) override;
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
+  void round_copy(const Tensor& dst, const Tensor& src, DType fmt) override;
   void synchronize() override;
 
   void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
@@ -93,17 +124,44 @@ class CudaBackend : public Backend {
                     const Tensor& v, const AdamWArgs& a, DType fmt) override;
   std::unique_ptr<Attention> make_attention(const AttentionConfig& cfg) override;
 
+  // Stochastic rounding of the compute copy in adamw_update (BF16/FP16 only; off by default,
+  // which is round-to-nearest-even like the CPU backend). The random bits of element i of a
+  // parameter view are sr::random24(seed, AdamWArgs::step, param.offset() + i)
+  // (cuda/stochastic_round.h): stateless, so with the run's seed a resumed run rounds
+  // exactly as an uninterrupted one. Not reachable from the trainer's config yet.
+  void set_stochastic_rounding(bool enabled, uint64_t seed = 0) {
+    stochastic_rounding_ = enabled;
+    sr_seed_ = seed;
+  }
+
   // For benchmarks and tests that time or order work against the backend's stream.
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_index_; }
+  ArenaStats memory_stats() const { return arena_->stats(); }
 
  private:
   void copy_convert(const Tensor& dst, const Tensor& src);
+  // Device scratch of `bytes` from the arena, released when the returned Storage goes (its
+  // reuse is ordered on the stream after the work queued with it).
+  std::shared_ptr<Storage> scratch(size_t bytes);
+  // Copies n host int32 values to fresh device memory (through the pinned staging buffer).
+  std::shared_ptr<Storage> upload_ints(const int32_t* host, size_t n);
+  // Copies `bytes` from device memory to the pinned result buffer and waits for it.
+  const void* fetch_small(const void* dev, size_t bytes);
 
   int device_index_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  std::shared_ptr<DeviceArena> arena_;
   std::unique_ptr<LtGemm> gemm_;
+  // Pinned host memory: staging for uploads (reused once the last copy from it is done,
+  // staged_ records that) and a small buffer for scalar results.
+  void* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+  cudaEvent_t staged_ = nullptr;
+  void* pinned_result_ = nullptr;
+  bool stochastic_rounding_ = false;
+  uint64_t sr_seed_ = 0;
 };
 
 }  // namespace st

@@ -1,15 +1,31 @@
-// The forward GEMM on cuBLASLt: out (N,OC) = inp (N,C) . weight (OC,C)^T + bias (OC).
+// GEMMs on cuBLASLt, all row-major with weights stored (out, in):
+//   forward   out (N,OC)  = inp (N,C) . weight (OC,C)^T + bias (OC)     (bias epilogue)
+//   backward  dinp (N,C)  = dout (N,OC) . weight (OC,C)                  (beta = 0)
+//             dweight (OC,C) += dout^T (OC,N) . inp (N,C)                (beta = 1, C = D)
 //
 // Layout: cuBLASLt is column-major. A row-major (R,K) buffer is a column-major (K,R) matrix
-// with ld = K, so the row-major product is computed transposed:
-//   out^T (OC,N) = weight (OC,C) . inp^T (C,N)
-//   A = weight, stored (C,OC) ld C, TRANSA = T;  B = inp, stored (C,N) ld C, TRANSB = N;
-//   D = out, stored (OC,N) ld OC.  The BIAS epilogue adds a vector along D's rows (OC).
+// with ld = K, so each row-major product is computed transposed:
+//   forward:  out^T (OC,N) = weight (OC,C) . inp^T (C,N)
+//             A = weight, stored (C,OC) ld C, TRANSA = T;  B = inp, stored (C,N) ld C, N;
+//             D = out, stored (OC,N) ld OC. The BIAS epilogue adds a vector along D's rows.
+//   dinp:     dinp^T (C,N) = weight^T (C,OC) . dout^T (OC,N)
+//             A = weight, stored (C,OC) ld C, N;  B = dout, stored (OC,N) ld OC, N;
+//             D = dinp, stored (C,N) ld C.
+//   dweight:  dweight^T (C,OC) = inp^T (C,N) . dout (N,OC)
+//             A = inp, stored (C,N) ld C, N;  B = dout, stored (OC,N) ld OC, TRANSB = T;
+//             D = C = dweight, stored (C,OC) ld C, beta = 1.
 //
 // Rounding: compute and scale type FP32 (no TF32). BF16/FP16 results are rounded once when
-// D is stored, after the bias is added in FP32. Split-K algorithms that keep partial sums
-// in the output type (in-place or output-type reductions) would round more than once, so
-// the heuristic may only choose no split-K or FP32 (compute type) partial sums.
+// D is stored: after the bias is added in FP32 (forward), after beta*C is added in FP32
+// (dweight: round(dW + dout^T.inp), as the CPU's beta = 1 sgemm followed by one rounding).
+// Split-K algorithms that keep partial sums in the output type (in-place or output-type
+// reductions) would round more than once, so the heuristic may only choose no split-K or
+// FP32 (compute type) partial sums in the workspace.
+// Determinism: one algorithm is chosen per plan (shape, transposes, dtype, beta, pointer
+// alignments) and cached, and cuBLASLt's algorithms give bit-identical results run to run
+// on one GPU for a fixed algorithm and workspace (checked by the gpu tests).
+// No GELU epilogue: cuBLASLt's GELU is its own approximation, not the CPU's tanhf formula,
+// and the Backend interface keeps matmul and GELU separate calls.
 #include <cublasLt.h>
 
 #include <cstring>
@@ -94,22 +110,25 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const void* bias) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
 
-  const auto [m, n, k, dtype_int, has_bias, align_a, align_b, align_d, align_bias] = key;
+  const auto [transa, transb, m, n, k, lda, ldb, ldd, dtype_int, has_bias, accumulate, align_a,
+              align_b, align_d, align_bias] = key;
   const DType dtype = static_cast<DType>(dtype_int);
   const cudaDataType_t type = cuda_type(dtype);
   auto p = std::make_unique<Plan>();
 
   ST_CUDA_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
-  set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, transa ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, transb ? CUBLAS_OP_T : CUBLAS_OP_N);
   const cublasLtEpilogue_t epi = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
   // The bias has D's type (the default); the heuristic reads its pointer for alignment.
   if (has_bias) set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
 
-  ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, k, m, k));  // weight (C,OC) ld C
-  ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, k, n, k));  // inp (C,N) ld C
-  ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->d, type, m, n, m));  // out (OC,N) ld OC
+  // op(A) is (m,k), op(B) is (k,n), D is (m,n); the stored matrices are their transposes
+  // when the op is T.
+  ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, transa ? k : m, transa ? m : k, lda));
+  ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, transb ? n : k, transb ? k : n, ldb));
+  ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->d, type, m, n, ldd));
 
   cublasLtMatmulPreference_t pref = nullptr;
   ST_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -132,33 +151,101 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const void* bias) {
   }
   ST_CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
   if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
-    fail("CUDA matmul: cuBLASLt has no algorithm for ", dtype_name(dtype), " N=", n, " C=", k,
-         " OC=", m, has_bias ? " with bias" : "", " (alignments A/B/D/bias ", align_a, "/", align_b,
-         "/", align_d, "/", align_bias, " bytes)");
+    fail("CUDA matmul: cuBLASLt has no algorithm for ", dtype_name(dtype), " m=", m, " n=", n,
+         " k=", k, " op(A)=", transa ? "T" : "N", " op(B)=", transb ? "T" : "N", " lda=", lda,
+         " ldb=", ldb, " ldd=", ldd, has_bias ? " with bias" : "",
+         accumulate ? " accumulating (beta = 1)" : "", " (alignments A/B/D/bias ", align_a, "/",
+         align_b, "/", align_d, "/", align_bias, " bytes)");
   }
   p->algo = result.algo;
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
+void LtGemm::matmul(const GemmOp& g, cudaStream_t stream) {
+  ST_CHECK(g.m > 0 && g.n >= 0 && g.k > 0, "GEMM sizes m=", g.m, " n=", g.n, " k=", g.k);
+  if (g.n == 0) return;
+  ST_CHECK(g.A && g.B && g.D, "null device pointer in GEMM");
+  ST_CHECK(g.beta == 0.0f || g.beta == 1.0f, "GEMM beta must be 0 or 1, got ", g.beta);
+  const bool accumulate = g.beta != 0.0f;
+  const Key key{g.transa,
+                g.transb,
+                g.m,
+                g.n,
+                g.k,
+                g.lda,
+                g.ldb,
+                g.ldd,
+                static_cast<int>(g.dtype),
+                g.bias != nullptr,
+                accumulate,
+                alignment(g.A),
+                alignment(g.B),
+                alignment(g.D),
+                g.bias ? alignment(g.bias) : 0};
+  Plan& p = plan(key, g.bias);
+  if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+  const float alpha = 1.0f;
+  // beta = 0: C is not read; beta = 1: C = D, accumulated in place in FP32, rounded once.
+  ST_CUDA_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D,
+                               p.d, &p.algo, workspace_, workspace_bytes_, stream));
+}
+
 void LtGemm::run(void* out, const void* inp, const void* weight, const void* bias, int64_t N,
                  int64_t C, int64_t OC, DType dtype, cudaStream_t stream) {
   ST_CHECK(N >= 0 && C > 0 && OC > 0, "GEMM sizes N=", N, " C=", C, " OC=", OC);
-  if (N == 0) return;
-  ST_CHECK(out && inp && weight, "null device pointer in GEMM");
-  const Key key{OC,
-                N,
-                C,
-                static_cast<int>(dtype),
-                bias != nullptr,
-                alignment(weight),
-                alignment(inp),
-                alignment(out),
-                bias ? alignment(bias) : 0};
-  Plan& p = plan(key, bias);
-  if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  const float alpha = 1.0f, beta = 0.0f;  // beta = 0: C is not read
-  ST_CUDA_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, weight, p.a, inp, p.b, &beta, out, p.d, out,
-                               p.d, &p.algo, workspace_, workspace_bytes_, stream));
+  GemmOp g;
+  g.transa = true;
+  g.transb = false;
+  g.m = OC;
+  g.n = N;
+  g.k = C;
+  g.A = weight;
+  g.lda = C;
+  g.B = inp;
+  g.ldb = C;
+  g.D = out;
+  g.ldd = OC;
+  g.bias = bias;
+  g.dtype = dtype;
+  matmul(g, stream);
+}
+
+void LtGemm::backward_dinp(void* dinp, const void* dout, const void* weight, int64_t N, int64_t C,
+                           int64_t OC, DType dtype, cudaStream_t stream) {
+  GemmOp g;
+  g.transa = false;
+  g.transb = false;
+  g.m = C;
+  g.n = N;
+  g.k = OC;
+  g.A = weight;
+  g.lda = C;
+  g.B = dout;
+  g.ldb = OC;
+  g.D = dinp;
+  g.ldd = C;
+  g.dtype = dtype;
+  matmul(g, stream);
+}
+
+void LtGemm::backward_dweight(void* dweight, const void* dout, const void* inp, int64_t N,
+                              int64_t C, int64_t OC, DType dtype, cudaStream_t stream) {
+  if (N == 0) return;  // dweight += 0
+  GemmOp g;
+  g.transa = false;
+  g.transb = true;
+  g.m = C;
+  g.n = OC;
+  g.k = N;
+  g.A = inp;
+  g.lda = C;
+  g.B = dout;
+  g.ldb = OC;
+  g.D = dweight;
+  g.ldd = C;
+  g.beta = 1.0f;
+  g.dtype = dtype;
+  matmul(g, stream);
 }
 
 }  // namespace st

@@ -6,12 +6,21 @@
 //    measured in the same run.
 // Timing: CUDA events on the backend's stream, warm-up runs, median of the timed runs.
 // Prints one markdown table: kernel | measured | comparison | ratio.
-//   usage: bench_gpu [reps]   (default 20)
+//
+// `bench_gpu kernels` instead times every Backend method of the CUDA backend on GPT-2 124M
+// shapes (B=8, T=1024, C=768, vocabulary 50257 padded to 50304, 124.5M parameters, bf16):
+// memory-bound kernels in GB/s (the fewest bytes the method must move: each input read
+// once, each output written once) against the device-to-device cudaMemcpy bandwidth, GEMMs
+// in TFLOP/s against cublasGemmEx's BF16 rate on 8192^3 (FP32 compute, cuBLAS's default
+// algorithm), both ceilings measured in the same run on random data. Table: kernel | shape
+// | time | achieved | ceiling | ratio.
+//   usage: bench_gpu [kernels] [reps]   (default 20)
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +28,8 @@
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "cuda/device_common.cuh"
+#include "model/gpt2.h"
 
 namespace st {
 namespace {
@@ -145,9 +156,243 @@ void bench_conversions(CudaBackend& be, const Timer& timer, std::vector<Row>& ro
   }
 }
 
+// ---------------------------------------------------------------- bench_gpu kernels
+
+// Uniform values in [shift - scale, shift + scale), from a hash of the index: random data
+// (never all zeros), made on the device so that gigabytes need no host work.
+template <class T>
+__global__ void fill_kernel(T* p, size_t n, uint64_t seed, float scale, float shift) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) * 5.9604644775390625e-8f * 2.0f - 1.0f;  // [-1, 1)
+    p[i] = cudak::from_float<T>(shift + scale * u);
+  }
+}
+
+void fill(CudaBackend& be, const Tensor& t, uint64_t seed, float scale, float shift = 0.0f) {
+  const size_t n = static_cast<size_t>(t.numel());
+  const unsigned grid = cudak::grid_for(n, 256);
+  cudak::dispatch_storage(t.dtype(), "fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fill_kernel<T><<<grid, 256, 0, be.stream()>>>(static_cast<T*>(t.raw()), n, seed, scale, shift);
+  });
+  ST_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+Tensor random_tensor(CudaBackend& be, const Shape& s, DType d, uint64_t seed, float scale,
+                     float shift = 0.0f) {
+  Tensor t = be.alloc(s, d);
+  fill(be, t, seed, scale, shift);
+  return t;
+}
+
+struct KRow {
+  std::string kernel, shape;
+  double ms;
+  double amount;  // bytes moved, or FLOPs for a GEMM
+  bool gemm;
+};
+
+std::string shape_of(std::initializer_list<int64_t> dims) {
+  std::string s;
+  for (int64_t d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s;
+}
+
+int run_kernels(const Timer& timer, CudaBackend& be) {
+  const int64_t B = 8, T = 1024, N = B * T, C = 768, V = 50257, Vp = 50304;
+  const DType bf = DType::BF16;
+  const double b2 = 2.0;  // bytes per bf16 element
+  uint64_t seed = 1;
+
+  // Ceilings, measured first in this run.
+  const int64_t ncopy = int64_t{1} << 28;  // 256 Mi bf16 elements: 512 MiB each way
+  double copy_gbs = 0;
+  {
+    Tensor a = random_tensor(be, {ncopy}, bf, seed++, 1.0f), b = be.alloc({ncopy}, bf);
+    const double ms = timer.median_ms([&] {
+      ST_CUDA_CHECK(
+          cudaMemcpyAsync(b.raw(), a.raw(), a.nbytes(), cudaMemcpyDeviceToDevice, be.stream()));
+    });
+    copy_gbs = 2.0 * a.nbytes() / (ms * 1e-3) / 1e9;
+  }
+  double gemm_tflops = 0;
+  {
+    const int g = 8192;
+    Tensor a = random_tensor(be, {g, g}, bf, seed++, 1.0f),
+           b = random_tensor(be, {g, g}, bf, seed++, 1.0f);
+    Tensor c = be.alloc({g, g}, bf);
+    cublasHandle_t handle;
+    ST_CUDA_CHECK(cublasCreate(&handle));
+    ST_CUDA_CHECK(cublasSetStream(handle, be.stream()));
+    const float alpha = 1.0f, beta = 0.0f;
+    const double ms = timer.median_ms([&] {
+      ST_CUDA_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, g, g, g, &alpha, a.raw(),
+                                 CUDA_R_16BF, g, b.raw(), CUDA_R_16BF, g, &beta, c.raw(),
+                                 CUDA_R_16BF, g, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+    ST_CUDA_CHECK(cublasDestroy(handle));
+    gemm_tflops = 2.0 * g * g * static_cast<double>(g) / (ms * 1e-3) / 1e12;
+  }
+  std::printf(
+      "ceilings (this run): cudaMemcpy D2D %.0f GB/s (read + write, 512 MiB); "
+      "cublasGemmEx bf16 8192^3 %.1f TFLOP/s\n\n",
+      copy_gbs, gemm_tflops);
+
+  std::vector<KRow> rows;
+  auto time = [&](const std::string& k, const std::string& shape, double amount, bool gemm,
+                  const std::function<void()>& f) {
+    rows.push_back({k, shape, timer.median_ms(f), amount, gemm});
+  };
+
+  // Host tokens / targets, uniform over the vocabulary.
+  Tensor tokens = Tensor::empty({B, T}, DType::I32), targets = Tensor::empty({B, T}, DType::I32);
+  Rng rng(7);
+  for (int64_t i = 0; i < N; ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.below(V));
+    targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(V));
+  }
+  const double NC = static_cast<double>(N) * C;
+  {
+    Tensor wte = random_tensor(be, {Vp, C}, bf, seed++, 0.1f),
+           wpe = random_tensor(be, {T, C}, bf, seed++, 0.02f);
+    Tensor out = be.alloc({B, T, C}, bf);
+    time("encoder_forward", shape_of({B, T, C}), 2 * NC * b2 + T * C * b2, false,
+         [&] { be.encoder_forward(out, tokens, wte, wpe, bf); });
+    Tensor dwte = random_tensor(be, {Vp, C}, bf, seed++, 0.01f),
+           dwpe = random_tensor(be, {T, C}, bf, seed++, 0.01f);
+    std::vector<int32_t> tk(tokens.data<int32_t>(), tokens.data<int32_t>() + N);
+    std::sort(tk.begin(), tk.end());
+    const double distinct = static_cast<double>(std::unique(tk.begin(), tk.end()) - tk.begin());
+    time("encoder_backward (host sort incl.)", shape_of({B, T, C}),
+         NC * b2 + 2 * distinct * C * b2 + 2 * T * C * b2, false,
+         [&] { be.encoder_backward(dwte, dwpe, out, tokens, bf); });
+  }
+  {
+    Tensor inp = random_tensor(be, {B, T, C}, bf, seed++, 1.0f, 0.3f),
+           out = be.alloc({B, T, C}, bf);
+    Tensor w = random_tensor(be, {C}, bf, seed++, 0.1f, 1.0f),
+           bias = random_tensor(be, {C}, bf, seed++, 0.1f);
+    Tensor mean = be.alloc({B, T}, DType::F32), rstd = be.alloc({B, T}, DType::F32);
+    time("layernorm_forward", shape_of({N, C}), 2 * NC * b2 + 8.0 * N, false,
+         [&] { be.layernorm_forward(out, mean, rstd, inp, w, bias, bf); });
+    Tensor dinp = random_tensor(be, {B, T, C}, bf, seed++, 0.1f),
+           dout = random_tensor(be, {B, T, C}, bf, seed++, 0.1f);
+    Tensor dw = random_tensor(be, {C}, bf, seed++, 0.1f),
+           db = random_tensor(be, {C}, bf, seed++, 0.1f);
+    time("layernorm_backward", shape_of({N, C}), 4 * NC * b2 + 8.0 * N, false,
+         [&] { be.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, bf); });
+    Tensor r = be.alloc({B, T, C}, bf);
+    time("residual_forward", shape_of({N, C}), 3 * NC * b2, false,
+         [&] { be.residual_forward(r, inp, dinp, bf); });
+  }
+  {
+    Tensor x = random_tensor(be, {N, 4 * C}, bf, seed++, 2.0f), y = be.alloc({N, 4 * C}, bf);
+    Tensor d = random_tensor(be, {N, 4 * C}, bf, seed++, 1.0f);
+    time("gelu_forward", shape_of({N, 4 * C}), 2 * 4 * NC * b2, false,
+         [&] { be.gelu_forward(y, x, bf); });
+    time("gelu_backward (in place)", shape_of({N, 4 * C}), 3 * 4 * NC * b2, false,
+         [&] { be.gelu_backward(d, x, d, bf); });
+  }
+  struct Mm {
+    const char* name;
+    int64_t C, OC;
+    bool bias;
+  };
+  for (const Mm& m : {Mm{"qkv C->3C", C, 3 * C, true}, Mm{"attn proj C->C", C, C, true},
+                      Mm{"fc C->4C", C, 4 * C, true}, Mm{"fc proj 4C->C", 4 * C, C, true},
+                      Mm{"lm head C->Vp", C, Vp, false}}) {
+    Tensor inp = random_tensor(be, {N, m.C}, bf, seed++, 1.0f);
+    Tensor w = random_tensor(be, {m.OC, m.C}, bf, seed++, 0.02f);
+    Tensor bias = m.bias ? random_tensor(be, {m.OC}, bf, seed++, 0.1f) : Tensor();
+    Tensor out = be.alloc({N, m.OC}, bf);
+    const double flop = 2.0 * N * m.C * static_cast<double>(m.OC);
+    time(std::string("matmul_forward ") + m.name + (m.bias ? " +bias" : ""),
+         shape_of({N, m.C, m.OC}), flop, true, [&] { be.matmul_forward(out, inp, w, bias, bf); });
+    Tensor dout = random_tensor(be, {N, m.OC}, bf, seed++, 0.01f), dinp = be.alloc({N, m.C}, bf);
+    Tensor dw = random_tensor(be, {m.OC, m.C}, bf, seed++, 0.01f);
+    Tensor db = m.bias ? random_tensor(be, {m.OC}, bf, seed++, 0.01f) : Tensor();
+    time(std::string("matmul_backward ") + m.name + (m.bias ? " +dbias" : ""),
+         shape_of({N, m.C, m.OC}), 2 * flop, true,
+         [&] { be.matmul_backward(dinp, dw, db, dout, inp, w, bf); });
+  }
+  {
+    Tensor logits = random_tensor(be, {B, T, Vp}, bf, seed++, 2.0f),
+           losses = be.alloc({B, T}, DType::F32);
+    const double L = static_cast<double>(N) * Vp * b2;
+    time("crossentropy forward only", shape_of({N, Vp}), L + 4.0 * N, false, [&] {
+      be.crossentropy_forward_backward(losses, Tensor(), logits, targets, static_cast<int>(V), 0.0f,
+                                       bf);
+    });
+    time("crossentropy fwd+bwd (in place)", shape_of({N, Vp}), 2 * L + 4.0 * N, false, [&] {
+      be.crossentropy_forward_backward(losses, logits, logits, targets, static_cast<int>(V),
+                                       1.0f / N, bf);
+    });
+  }
+  {
+    GPT2Config cfg;
+    cfg.n_layer = 12;
+    cfg.n_head = 12;
+    cfg.n_embd = static_cast<int>(C);
+    cfg.vocab_size = static_cast<int>(V);
+    cfg.max_seq_len = static_cast<int>(T);
+    cfg.padded_vocab_size = static_cast<int>(Vp);
+    const int64_t P = num_parameters(cfg);
+    const double p = static_cast<double>(P);
+    Tensor master = random_tensor(be, {P}, DType::F32, seed++, 0.05f);
+    Tensor m = random_tensor(be, {P}, DType::F32, seed++, 1e-3f);
+    Tensor v = random_tensor(be, {P}, DType::F32, seed++, 5e-6f, 5e-6f);  // positive
+    Tensor grad = random_tensor(be, {P}, bf, seed++, 0.01f), param = be.alloc({P}, bf);
+    const std::string ps = std::to_string(P);
+    time("sum_squares (grad norm)", ps, p * b2, false, [&] { (void)be.sum_squares(grad); });
+    time("all_finite", ps, p * b2, false, [&] { (void)be.all_finite(grad); });
+    AdamWArgs a;
+    a.lr = 1e-4f;
+    a.weight_decay = 0.1f;
+    a.step = 10;
+    time("adamw_update", ps, p * (4 + 2 + 4 + 4 + 4 + 2 + 4 + 4), false,
+         [&] { be.adamw_update(master, param, grad, m, v, a, bf); });
+    time("round_copy fp32 -> bf16", ps, p * 6, false, [&] { be.round_copy(param, master, bf); });
+    time("zero", ps, p * b2, false, [&] { be.zero(grad); });
+    time("copy bf16 device to device", ps, 2 * p * b2, false, [&] { be.copy(param, grad); });
+  }
+  be.synchronize();
+
+  std::printf("| %-40s | %-16s | %10s | %-16s | %-26s | %-6s |\n", "kernel (bf16)", "shape",
+              "time (us)", "achieved", "ceiling (this run)", "ratio");
+  std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(42, '-').c_str(), std::string(18, '-').c_str(),
+              std::string(12, '-').c_str(), std::string(18, '-').c_str(),
+              std::string(28, '-').c_str(), std::string(8, '-').c_str());
+  for (const KRow& r : rows) {
+    const double rate = r.amount / (r.ms * 1e-3) / (r.gemm ? 1e12 : 1e9);
+    const double ceil = r.gemm ? gemm_tflops : copy_gbs;
+    std::printf(
+        "| %-40s | %-16s | %10.1f | %-16s | %-26s | %6.2f |\n", r.kernel.c_str(), r.shape.c_str(),
+        r.ms * 1e3, (r.gemm ? fmt("%.1f", rate, " TFLOP/s") : fmt("%.0f", rate, " GB/s")).c_str(),
+        (r.gemm ? fmt("%.1f", ceil, " TFLOP/s cuBLAS bf16") : fmt("%.0f", ceil, " GB/s memcpy D2D"))
+            .c_str(),
+        rate / ceil);
+  }
+  const ArenaStats st = be.memory_stats();
+  std::printf("\narena: %lld cudaMalloc calls, %.2f GiB reserved, peak %.2f GiB in use\n",
+              static_cast<long long>(st.cuda_malloc_calls), st.reserved_bytes / 1073741824.0,
+              st.peak_in_use_bytes / 1073741824.0);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   Timer timer{};
-  if (argc > 1) timer.reps = std::max(1, std::atoi(argv[1]));
+  bool kernels = false;
+  int argi = 1;
+  if (argc > argi && std::string(argv[argi]) == "kernels") {
+    kernels = true;
+    ++argi;
+  }
+  if (argc > argi) timer.reps = std::max(1, std::atoi(argv[argi]));
   std::unique_ptr<Backend> owner = make_cuda_backend(0);
   auto& be = dynamic_cast<CudaBackend&>(*owner);
   timer.stream = be.stream();
@@ -160,6 +405,7 @@ int run(int argc, char** argv) {
               prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
               driver, runtime);
   std::printf("timing: CUDA events, %d warm-up + median of %d runs\n\n", timer.warmup, timer.reps);
+  if (kernels) return run_kernels(timer, be);
 
   std::vector<Row> rows;
   bench_gemms(be, timer, rows);

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The one script to run on a GPU machine (from the repo root; $OUT = output folder,
 # default ./gpu_out). It records the machine, builds the CUDA backend, runs the gpu-labelled
-# tests and bench_gpu (plus a PyTorch side-by-side when torch with CUDA is installed), and
-# writes into $OUT:
-#   gpu_check.log    everything, in order        nvidia_smi.txt   nvidia-smi output
+# tests (conversions, GEMMs, the CUDA-vs-CPU parity table of every Backend method,
+# run-to-run determinism, stochastic rounding, the memory arena), bench_gpu (GEMMs and
+# conversions) and `bench_gpu kernels` (every Backend method in GB/s or TFLOP/s against the
+# copy bandwidth and cuBLAS BF16 rate measured in the same run), plus a PyTorch
+# side-by-side when torch with CUDA is installed, and writes into $OUT (7 files):
+#   gpu_check.log    everything, in order (nvidia-smi output included)
 #   ctest_gpu.txt    test output (verbose)       ctest_gpu.xml    JUnit results
-#   bench_gpu.txt    bench_gpu output            torch.txt        torch comparison
-#   gpu_results.md   summary to commit to bench/results/
+#   bench_gpu.txt    bench_gpu output            bench_kernels.txt  bench_gpu kernels output
+#   torch.txt        torch comparison
+#   gpu_results.md   summary to commit to bench/results/ (device, driver, commit, date)
 # A short summary table is printed last.
 # Exit status: 0 all passed; 1 the GPU targets did not build or the gpu tests failed / did
-# not run; 2 the tests passed but bench_gpu or the full project build failed.
+# not run; 2 the tests passed but a benchmark or the full project build failed.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -46,13 +50,12 @@ say "date $DATE, commit $COMMIT ($DIRTY uncommitted paths), host $(hostname)"
 GPU="unknown"
 DRIVER="unknown"
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi >"$OUT/nvidia_smi.txt" 2>&1 || true
+  nvidia-smi >>"$LOG" 2>&1 || true
   GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo unknown)"
   DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || echo unknown)"
 else
-  echo "nvidia-smi not found" >"$OUT/nvidia_smi.txt"
+  echo "nvidia-smi not found" >>"$LOG"
 fi
-cat "$OUT/nvidia_smi.txt" >>"$LOG"
 say "GPU: $GPU, driver $DRIVER"
 
 # ---- 2. build dependencies (best effort: the machine may be offline) --------------------
@@ -138,6 +141,8 @@ fi
 # ---- 5. benchmarks ------------------------------------------------------------------------
 BENCH="not run"
 BENCH_OK=0
+KBENCH="not run"
+KBENCH_OK=0
 if ((BUILD_OK)); then
   say "bench_gpu"
   if logged "$OUT/bench_gpu.txt" "$BUILD/bin/bench_gpu"; then
@@ -145,6 +150,13 @@ if ((BUILD_OK)); then
     BENCH="ok"
   else
     BENCH="FAILED (see bench_gpu.txt)"
+  fi
+  say "bench_gpu kernels"
+  if logged "$OUT/bench_kernels.txt" "$BUILD/bin/bench_gpu" kernels; then
+    KBENCH_OK=1
+    KBENCH="ok"
+  else
+    KBENCH="FAILED (see bench_kernels.txt)"
   fi
 fi
 TORCH="torch with CUDA not available"
@@ -163,8 +175,12 @@ else
 fi
 
 # ---- 6. the rest of the project, with CUDA on ------------------------------------------------
+# GPU_CHECK_FULL_BUILD=0 skips it (a device call is limited to 10 minutes).
 FULL="not run"
-if ((BUILD_OK)); then
+if [[ "${GPU_CHECK_FULL_BUILD:-1}" == 0 ]]; then
+  FULL="skipped (GPU_CHECK_FULL_BUILD=0)"
+  say "full build: $FULL"
+elif ((BUILD_OK)); then
   say "full build"
   if logged - cmake --build "$BUILD" -j "$JOBS"; then FULL="ok"; else FULL="FAILED (see gpu_check.log)"; fi
   say "full build: $FULL"
@@ -190,8 +206,14 @@ table_of() { grep -E '^\|' "$1" 2>/dev/null || echo "(none)"; }
       sed -E 's/^[[:space:]]*/- FAILED: /' || true
     first="$(grep -m1 -A2 ': Failure$' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
     if [[ -n "$first" ]]; then printf '\nFirst failure:\n~~~\n%s\n~~~\n' "$first"; fi
-    errs="$(grep -E '^[0-9]+: (fp32 -> |int |random )' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
-    if [[ -n "$errs" ]]; then printf '\nConversion mismatches and GEMM errors:\n~~~\n%s\n~~~\n' "$errs"; fi
+    errs="$(grep -E '^[0-9]+: (fp32 -> |int |random |stochastic rounding |arena: )' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
+    if [[ -n "$errs" ]]; then printf '\nConversion mismatches, GEMM errors, stochastic rounding, arena:\n~~~\n%s\n~~~\n' "$errs"; fi
+    par="$(grep -E '^[0-9]+: parity ' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
+    if [[ -n "$par" ]]; then
+      printf '\n### Parity: CUDA vs the CPU backend, every Backend method (max abs / max rel / norm-wise rel error)\n\n~~~\n%s\n~~~\n' "$par"
+    fi
+    det="$(grep -cE '^[0-9]+: determinism .* bit-identical' "$OUT/ctest_gpu.txt" || true)"
+    printf '\nDeterminism: %s bf16 cases printed bit-identical over two runs (all precisions are checked; failures are listed above).\n' "${det:-0}"
   fi
   echo
   echo "## bench_gpu ($BENCH)"
@@ -199,6 +221,14 @@ table_of() { grep -E '^\|' "$1" 2>/dev/null || echo "(none)"; }
   head -2 "$OUT/bench_gpu.txt" 2>/dev/null || true
   echo
   table_of "$OUT/bench_gpu.txt"
+  echo
+  echo "## bench_gpu kernels ($KBENCH)"
+  echo
+  grep -E '^ceilings' "$OUT/bench_kernels.txt" 2>/dev/null || true
+  echo
+  table_of "$OUT/bench_kernels.txt"
+  echo
+  grep -E '^arena:' "$OUT/bench_kernels.txt" 2>/dev/null || true
   echo
   echo "## PyTorch side by side ($TORCH)"
   echo
@@ -210,10 +240,16 @@ cat "$OUT/gpu_results.md" >>"$LOG"
 STATUS=0
 if ((!BUILD_OK || !TESTS_OK)); then
   STATUS=1
-elif ((!BENCH_OK)) || [[ "$FULL" != ok ]]; then
+elif ((!BENCH_OK)) || ((!KBENCH_OK)) || [[ "$FULL" != ok && "$FULL" != skipped* ]]; then
   STATUS=2
 fi
 {
+  if [[ -f "$OUT/bench_kernels.txt" ]]; then
+    echo
+    echo "== bench_gpu kernels =="
+    grep -E '^ceilings' "$OUT/bench_kernels.txt" || true
+    table_of "$OUT/bench_kernels.txt"
+  fi
   echo
   echo "== gpu_check summary =="
   printf '| %-9s | %s\n' "device" "$GPU (driver $DRIVER)"
@@ -221,8 +257,9 @@ fi
   printf '| %-9s | %s\n' "build" "$([[ $BUILD_OK == 1 ]] && echo ok || echo FAILED) (GPU targets); full build $FULL"
   printf '| %-9s | %s\n' "gpu tests" "$TESTS"
   printf '| %-9s | %s\n' "bench_gpu" "$BENCH"
+  printf '| %-9s | %s\n' "kernels" "$KBENCH"
   printf '| %-9s | %s\n' "torch" "$TORCH"
-  printf '| %-9s | %s\n' "results" "$OUT/gpu_results.md (copy to bench/results/)"
+  printf '| %-9s | %s\n' "results" "$OUT/gpu_results.md (copy to bench/results/$(date -u +%Y-%m-%d)_gpu_check.md)"
   printf '| %-9s | %s\n' "status" "$STATUS"
 } | tee -a "$LOG"
 exit "$STATUS"

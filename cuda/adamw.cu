@@ -1,0 +1,109 @@
+// AdamW (PyTorch's formulation), optim/adamw_cpu.cpp's arithmetic operation for operation:
+//   g = grad * grad_scale; m = b1*m + (1-b1)*g; v = b2*v + ((1-b2)*g)*g
+//   p = master * decay;  p = p - (step_size * m) / (sqrt(v) / bc2_sqrt + eps)
+// with bc1, bc2_sqrt, step_size, decay computed on the host by the CPU's expressions
+// (adamw_scalars). IEEE division and square root, no FMA contraction (--fmad=false): the
+// master weights and moments are bit-identical to the CPU backend's; the compute copy gets
+// round_fmt(p) (RNE), or, with stochastic rounding on, cuda/stochastic_round.h's rounding
+// with the counter-based random bits of (seed, step, flat index), which a host
+// implementation reproduces bit for bit. One thread per element, grid-stride.
+#include <cmath>
+
+#include "cuda/cuda_check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/stochastic_round.h"
+
+namespace st::cudak {
+namespace {
+
+struct DecodeBf16 {
+  __device__ float operator()(uint16_t h) const {
+    return __bfloat162float(__ushort_as_bfloat16(h));
+  }
+};
+struct DecodeF16 {
+  __device__ float operator()(uint16_t h) const { return __half2float(__ushort_as_half(h)); }
+};
+
+template <class T>
+__device__ __forceinline__ T round_stochastic(float p, uint32_t r24);
+template <>
+__device__ __forceinline__ float round_stochastic<float>(float p, uint32_t) {
+  return p;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 round_stochastic<__nv_bfloat16>(float p, uint32_t r24) {
+  const uint16_t rne = __bfloat16_as_ushort(__float2bfloat16_rn(p));
+  return __ushort_as_bfloat16(sr::stochastic_round(p, rne, r24, DecodeBf16{}));
+}
+template <>
+__device__ __forceinline__ __half round_stochastic<__half>(float p, uint32_t r24) {
+  const uint16_t rne = __half_as_ushort(__float2half_rn(p));
+  return __ushort_as_half(sr::stochastic_round(p, rne, r24, DecodeF16{}));
+}
+
+template <class T, bool kStochastic>
+__global__ void adamw_kernel(float* master, T* param, const T* grad, float* m, float* v, size_t n,
+                             AdamWScalars s, uint64_t seed, uint64_t step, uint64_t index0) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float g = to_float(grad[i]) * s.grad_scale;
+    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = master[i] * s.decay;
+    p -= s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+    master[i] = p;
+    if (param) {
+      if constexpr (kStochastic) {
+        param[i] = round_stochastic<T>(p, sr::random24(seed, step, index0 + i));
+      } else {
+        param[i] = from_float<T>(p);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// The CPU's scalar expressions with T = float (optim/adamw_cpu.cpp).
+AdamWScalars adamw_scalars(float lr, float beta1, float beta2, float eps, float weight_decay,
+                           int step, float grad_scale) {
+  AdamWScalars s{};
+  s.lr = lr;
+  s.beta1 = beta1;
+  s.beta2 = beta2;
+  s.eps = eps;
+  s.weight_decay = weight_decay;
+  s.grad_scale = grad_scale;
+  const float b1 = beta1, b2 = beta2;
+  s.bc1 = 1.0f - std::pow(b1, static_cast<float>(step));
+  s.bc2_sqrt = std::sqrt(1.0f - std::pow(b2, static_cast<float>(step)));
+  s.step_size = lr / s.bc1;
+  s.decay = 1.0f - lr * weight_decay;
+  return s;
+}
+
+void adamw(float* master, void* param, const void* grad, float* m, float* v, size_t n,
+           const AdamWScalars& s, DType dtype, bool stochastic, uint64_t seed, uint64_t step,
+           uint64_t index0, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  dispatch_storage(dtype, "adamw", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto* p = static_cast<T*>(param);
+    const auto* g = static_cast<const T*>(grad);
+    if (stochastic) {
+      adamw_kernel<T, true><<<grid_for(n, kThreads), kThreads, 0, stream>>>(master, p, g, m, v, n,
+                                                                            s, seed, step, index0);
+    } else {
+      adamw_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(master, p, g, m, v, n,
+                                                                             s, seed, step, index0);
+    }
+    ST_CUDA_CHECK_LAUNCH("adamw_kernel");
+  });
+}
+
+}  // namespace st::cudak

@@ -1,0 +1,213 @@
+// LayerNorm (eps 1e-5), layers/layernorm_cpu.cpp's formulas operation for operation:
+// Forward, one warp per row: m = sum(x)/C; var = sum((x-m)^2)/C; s = 1/sqrt(var + eps)
+// (IEEE division and square root); out = round(((x - m) * s) * w + b). mean and rstd are
+// stored in FP32.
+// Backward: (1) one warp per row: dnm = sum(w*d)/C, dnnm = sum(w*d * ((x-m)*s))/C, then
+// dinp = round(dinp + ((w*d - dnm) - n*dnnm) * s) with n = (x-m)*s, once per element.
+// (2) dweight/dbias: column sums over rows in two passes, no atomics: chunks of kColChunk
+// rows are summed in row order per column into FP32 partials, then each column's partials
+// are summed in chunk order and added once: round(dw + sum). With N <= kColChunk that is
+// the CPU's row-order sum exactly.
+// Rounding points are the CPU's; the only differences are the order of the row sums inside
+// a warp (lane-strided partials, then an XOR butterfly; the CPU sums sequentially) and the
+// chunked column sums, i.e. FP32 reassociation.
+// 128-bit loads when C is a multiple of the vector width and every row pointer is aligned.
+#include "cuda/cuda_check.h"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
+
+namespace st::cudak {
+namespace {
+
+constexpr float kEps = static_cast<float>(1e-5);  // the CPU's T(1e-5)
+constexpr int kThreads = 256;                     // 8 warps, 8 rows per block
+constexpr int kRowsPerBlock = kThreads / 32;
+
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                             const T* bias, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;  // the whole warp leaves together
+  const T* x = inp + static_cast<size_t>(row) * C;
+  float sum = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    const Vec<T, V> xv = load_vec<V>(x + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum += to_float(xv.v[k]);
+  }
+  const float m = warp_sum(sum) / static_cast<float>(C);
+  float var = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    const Vec<T, V> xv = load_vec<V>(x + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float d = to_float(xv.v[k]) - m;
+      var += d * d;
+    }
+  }
+  var = warp_sum(var) / static_cast<float>(C);
+  const float s = 1.0f / sqrtf(var + kEps);
+  T* o = out + static_cast<size_t>(row) * C;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    const Vec<T, V> xv = load_vec<V>(x + c);
+    const Vec<T, V> wv = load_vec<V>(weight + c);
+    const Vec<T, V> bv = load_vec<V>(bias + c);
+    Vec<T, V> ov;
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      ov.v[k] = from_float<T>((to_float(xv.v[k]) - m) * s * to_float(wv.v[k]) + to_float(bv.v[k]));
+    store_vec<V>(o + c, ov);
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    layernorm_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight, const float* mean,
+                          const float* rstd, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const size_t off = static_cast<size_t>(row) * C;
+  const T* x = inp + off;
+  const T* d = dout + off;
+  const float m = mean[row], s = rstd[row];
+  float dnm = 0.0f, dnnm = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    const Vec<T, V> xv = load_vec<V>(x + c);
+    const Vec<T, V> dv = load_vec<V>(d + c);
+    const Vec<T, V> wv = load_vec<V>(weight + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float dn = to_float(wv.v[k]) * to_float(dv.v[k]);
+      dnm += dn;
+      dnnm += dn * ((to_float(xv.v[k]) - m) * s);
+    }
+  }
+  dnm = warp_sum(dnm) / static_cast<float>(C);
+  dnnm = warp_sum(dnnm) / static_cast<float>(C);
+  T* di = dinp + off;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    const Vec<T, V> xv = load_vec<V>(x + c);
+    const Vec<T, V> dv = load_vec<V>(d + c);
+    const Vec<T, V> wv = load_vec<V>(weight + c);
+    Vec<T, V> gv = load_vec<V>(di + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float n = (to_float(xv.v[k]) - m) * s;
+      const float g = (to_float(wv.v[k]) * to_float(dv.v[k]) - dnm - n * dnnm) * s;
+      gv.v[k] = from_float<T>(to_float(gv.v[k]) + g);
+    }
+    store_vec<V>(di + c, gv);
+  }
+}
+
+// Partials of dweight and dbias for rows [chunk*kColChunk, ...) : part_dw/part_db (chunks, C).
+template <class T>
+__global__ void layernorm_dwdb_partial_kernel(float* part_dw, float* part_db, const T* dout,
+                                              const T* inp, const float* mean, const float* rstd,
+                                              int N, int C) {
+  const int chunk = blockIdx.x;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int r0 = chunk * kColChunk;
+  const int r1 = min(N, r0 + kColChunk);
+  float dw = 0.0f, db = 0.0f;
+  for (int r = r0; r < r1; ++r) {
+    const size_t i = static_cast<size_t>(r) * C + c;
+    const float d = to_float(dout[i]);
+    db += d;
+    dw += d * ((to_float(inp[i]) - mean[r]) * rstd[r]);
+  }
+  part_dw[static_cast<size_t>(chunk) * C + c] = dw;
+  part_db[static_cast<size_t>(chunk) * C + c] = db;
+}
+
+template <class T>
+__global__ void layernorm_dwdb_final_kernel(T* dweight, T* dbias, const float* part_dw,
+                                            const float* part_db, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int k = 0; k < chunks; ++k) {
+    dw += part_dw[static_cast<size_t>(k) * C + c];
+    db += part_db[static_cast<size_t>(k) * C + c];
+  }
+  dweight[c] = from_float<T>(to_float(dweight[c]) + dw);
+  dbias[c] = from_float<T>(to_float(dbias[c]) + db);
+}
+
+int chunks_of(int N) {
+  return (N + kColChunk - 1) / kColChunk;
+}
+
+}  // namespace
+
+void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                       const void* bias, int N, int C, DType dtype, cudaStream_t stream) {
+  if (N == 0) return;
+  const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  dispatch_storage(dtype, "layernorm_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int W = kWide<T>;
+    const bool wide =
+        C % W == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias);
+    auto* o = static_cast<T*>(out);
+    const auto* x = static_cast<const T*>(inp);
+    const auto* w = static_cast<const T*>(weight);
+    const auto* b = static_cast<const T*>(bias);
+    if (wide) {
+      layernorm_forward_kernel<T, W><<<grid, kThreads, 0, stream>>>(o, mean, rstd, x, w, b, N, C);
+    } else {
+      layernorm_forward_kernel<T, 1><<<grid, kThreads, 0, stream>>>(o, mean, rstd, x, w, b, N, C);
+    }
+    ST_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
+  });
+}
+
+size_t layernorm_backward_scratch(int N, int C) {
+  return 2 * static_cast<size_t>(chunks_of(N)) * static_cast<size_t>(C);
+}
+
+void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                        const void* weight, const float* mean, const float* rstd, int N, int C,
+                        DType dtype, float* scratch, cudaStream_t stream) {
+  if (N == 0 || C == 0) return;
+  const int chunks = chunks_of(N);
+  constexpr int kColThreads = 256;
+  const unsigned ctiles = static_cast<unsigned>((C + kColThreads - 1) / kColThreads);
+  ST_CHECK(ctiles <= 65535u, "layernorm_backward: C = ", C, " is too wide");
+  float* part_dw = scratch;
+  float* part_db = scratch + static_cast<size_t>(chunks) * C;
+  dispatch_storage(dtype, "layernorm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int W = kWide<T>;
+    const auto* d = static_cast<const T*>(dout);
+    const auto* x = static_cast<const T*>(inp);
+    const auto* w = static_cast<const T*>(weight);
+    auto* di = static_cast<T*>(dinp);
+    const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+    const bool wide =
+        C % W == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
+    if (wide) {
+      layernorm_dinp_kernel<T, W><<<grid, kThreads, 0, stream>>>(di, d, x, w, mean, rstd, N, C);
+    } else {
+      layernorm_dinp_kernel<T, 1><<<grid, kThreads, 0, stream>>>(di, d, x, w, mean, rstd, N, C);
+    }
+    ST_CUDA_CHECK_LAUNCH("layernorm_dinp_kernel");
+    layernorm_dwdb_partial_kernel<T>
+        <<<dim3(static_cast<unsigned>(chunks), ctiles), kColThreads, 0, stream>>>(
+            part_dw, part_db, d, x, mean, rstd, N, C);
+    ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_partial_kernel");
+    layernorm_dwdb_final_kernel<T><<<ctiles, kColThreads, 0, stream>>>(
+        static_cast<T*>(dweight), static_cast<T*>(dbias), part_dw, part_db, chunks, C);
+    ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_final_kernel");
+  });
+}
+
+}  // namespace st::cudak
