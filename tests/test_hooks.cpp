@@ -111,6 +111,14 @@ TEST(SpectralNorm, KnownSingularValuesAndWarmStart) {
   const PowerResult warm = spectral_norm(s, a.data(), v, 1e-12, 10000);
   EXPECT_LE(warm.iters, 3);
   EXPECT_NEAR(warm.sigma, cold.sigma, 1e-10 * cold.sigma);
+  // A given (non-empty) start vector skips the Gram-matrix start: plain power iteration on
+  // A from a random vector reaches the same value.
+  std::vector<double> vr(n);
+  for (auto& e : vr) e = nd(g);
+  const PowerResult plain = spectral_norm(s, a.data(), vr, 1e-12, 10000);
+  EXPECT_TRUE(plain.converged);
+  EXPECT_GT(plain.iters, 20);  // sigma_2 / sigma_1 = 0.97: many iterations without the Gram start
+  EXPECT_NEAR(plain.sigma, 3.0, 3.0 * 1e-6);
   // The cap is honoured and reported.
   std::vector<double> v2;
   const PowerResult capped = spectral_norm(s, a.data(), v2, 1e-15, 5);

@@ -32,8 +32,11 @@ namespace st {
 
 // Largest singular value of a slice of `flat` by power iteration on A^T A, starting from
 // `v` (resized and seeded deterministically when empty or of the wrong size) and leaving
-// the final right singular vector estimate in it. Stops when the estimate changes by at
-// most tol (relative) or after max_iters iterations. FP64 arithmetic; the result does not
+// the final right singular vector estimate in it. Stops when the relative residual
+// ||A^T A v - rho v|| / rho is at most tol or after max_iters iterations. A cold start (v
+// empty) of a matrix with a short side <= 512 first iterates on the small Gram matrix
+// (A^T A or A A^T), which costs one pass over A instead of hundreds; its iterations count
+// towards max_iters and iters. FP64 arithmetic; the result does not
 // depend on the number of threads.
 struct PowerResult {
   double sigma = 0;
