@@ -33,9 +33,20 @@ void DataLoader::build_order() {
     for (int64_t i = nwin - 1; i > 0; --i)
       std::swap(all[i], all[static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
   }
-  const int64_t used = nwin / world_ * world_;  // equal shares for every rank
-  order_.clear();
-  for (int64_t i = rank_; i < used; i += world_) order_.push_back(all[i]);
+  order_ = std::move(all);
+}
+
+void DataLoader::skip(int64_t n) {
+  while (n > 0) {
+    if (index_ >= static_cast<int64_t>(order_.size())) {
+      ++epoch_;
+      index_ = 0;
+      build_order();
+    }
+    const int64_t take = std::min<int64_t>(n, static_cast<int64_t>(order_.size()) - index_);
+    index_ += take;
+    n -= take;
+  }
 }
 
 const uint16_t* DataLoader::window(int64_t w) const {
@@ -45,6 +56,7 @@ const uint16_t* DataLoader::window(int64_t w) const {
 }
 
 void DataLoader::next(int32_t* inputs, int32_t* targets) {
+  skip(static_cast<int64_t>(rank_) * B_);  // the micro-batches of lower ranks
   for (int b = 0; b < B_; ++b) {
     if (index_ >= static_cast<int64_t>(order_.size())) {
       ++epoch_;
@@ -55,6 +67,7 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
     std::copy(w, w + T_, inputs + static_cast<size_t>(b) * T_);
     std::copy(w + 1, w + T_ + 1, targets + static_cast<size_t>(b) * T_);
   }
+  skip(static_cast<int64_t>(world_ - 1 - rank_) * B_);  // those of higher ranks
 }
 
 void DataLoader::reset() { set_state({0, 0}); }

@@ -2,6 +2,7 @@
 // and precision rules). No #ifdef CUDA here: the backend decides where each call runs.
 #include "model/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -52,7 +53,8 @@ bool is_decayed(int id) {  // 2-D weights; biases and layernorm parameters are n
 }  // namespace
 
 GPT2::GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
-           const std::vector<AttentionConfig>& attn, const LossScalerConfig& ls)
+           const std::vector<AttentionConfig>& attn, const LossScalerConfig& ls,
+           const OptimShard& shard)
     : cfg_(cfg), be_(backend), compute_(compute) {
   cfg_.validate();
   cfg_.padded_vocab_size = cfg_.vp();
@@ -70,20 +72,22 @@ GPT2::GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
     off += shape_numel(shapes[i]);
   }
   nparams_ = off;
+  shard_begin_ = shard.begin;
+  shard_end_ = shard.end < 0 ? nparams_ : shard.end;
+  ST_CHECK(shard_begin_ >= 0 && shard_begin_ <= shard_end_ && shard_end_ <= nparams_,
+           "optimizer shard [", shard.begin, ", ", shard.end, ") of ", nparams_, " parameters");
+  const int64_t ns = shard_end_ - shard_begin_;
   params_flat_ = be_.alloc({nparams_}, storage_);
   grads_flat_ = be_.alloc({nparams_}, storage_);
-  const bool separate_master = compute_ == DType::BF16 || compute_ == DType::F16;
-  master_ = separate_master ? be_.alloc({nparams_}, master_dtype) : params_flat_;
-  m_ = be_.alloc({nparams_}, master_dtype);
-  v_ = be_.alloc({nparams_}, master_dtype);
+  separate_master_ = compute_ == DType::BF16 || compute_ == DType::F16;
+  master_ = separate_master_ ? be_.alloc({ns}, master_dtype) : params_flat_;
+  m_ = be_.alloc({ns}, master_dtype);
+  v_ = be_.alloc({ns}, master_dtype);
   for (const Tensor* t : {&params_flat_, &grads_flat_, &master_, &m_, &v_}) be_.zero(*t);
   for (int i = 0; i < kNumParams; ++i) {
     const int64_t n = shape_numel(shapes[i]);
     params_[i] = params_flat_.flat(offsets_[i], n, shapes[i]);
     grads_[i] = grads_flat_.flat(offsets_[i], n, shapes[i]);
-    masters_[i] = master_.flat(offsets_[i], n, shapes[i]);
-    ms_[i] = m_.flat(offsets_[i], n, shapes[i]);
-    vs_[i] = v_.flat(offsets_[i], n, shapes[i]);
   }
   ST_CHECK(attn.size() == 1 || static_cast<int>(attn.size()) == cfg_.n_layer, "GPT2: ",
            attn.size(), " attention configs for ", cfg_.n_layer, " layers");
@@ -123,19 +127,71 @@ void GPT2::set_master_fp32(const std::vector<float>& flat) {
            " values, the model has ", nparams_);
   Tensor host = Tensor::empty({nparams_}, DType::F32);
   std::copy(flat.begin(), flat.end(), host.data<float>());
-  be_.copy(master_, host);
-  sync_params_from_master();
+  if (!sharded()) {
+    be_.copy(master_, host);
+    sync_params_from_master();
+    return;
+  }
+  if (!separate_master_) {  // the master is the parameters
+    be_.copy(params_flat_, host);
+    return;
+  }
+  const int64_t ns = shard_end_ - shard_begin_;
+  be_.copy(master_, host.flat(shard_begin_, ns, {ns}));
+  be_.round_copy(params_flat_, host, compute_);  // = round(master) on the shard
 }
 
 std::vector<float> GPT2::master_fp32() const {
+  Tensor src = master_;
+  if (sharded()) {
+    if (separate_master_) {
+      ST_CHECK(master_source_, "the master weights are sharded across ranks (dist.zero 1): ",
+               "this rank holds elements [", shard_begin_, ", ", shard_end_, ") only");
+      std::vector<float> w = master_source_();
+      ST_CHECK(static_cast<int64_t>(w.size()) == nparams_, "gathered master weights: ",
+               w.size(), " values for ", nparams_, " parameters");
+      return w;
+    }
+    src = params_flat_;
+  }
   Tensor host = Tensor::empty({nparams_}, DType::F32);
-  be_.copy(host, master_);
+  be_.copy(host, src);
   const float* p = host.data<float>();
   return std::vector<float>(p, p + nparams_);
 }
 
+Tensor GPT2::master_flat() const {
+  if (sharded() && !separate_master_) {
+    const int64_t ns = shard_end_ - shard_begin_;
+    return params_flat_.flat(shard_begin_, ns, {ns});
+  }
+  return master_;
+}
+
+size_t GPT2::optimizer_bytes() const {
+  return m_.nbytes() + v_.nbytes() + (separate_master_ ? master_.nbytes() : 0);
+}
+
 void GPT2::sync_params_from_master() {
-  if (params_flat_.raw() != master_.raw()) be_.round_copy(params_flat_, master_, compute_);
+  if (!separate_master_) return;  // master and parameters are one buffer
+  if (!sharded()) {
+    be_.round_copy(params_flat_, master_, compute_);
+    return;
+  }
+  const int64_t ns = shard_end_ - shard_begin_;
+  be_.round_copy(params_flat_.flat(shard_begin_, ns, {ns}), master_, compute_);
+}
+
+std::vector<double> GPT2::grad_sum_squares_chunks(int64_t begin, int64_t end) const {
+  ST_CHECK(begin >= 0 && begin <= end && end <= nparams_ &&
+               (begin == end || begin % kSumSquaresChunk == 0),
+           "gradient chunk range [", begin, ", ", end, ") of ", nparams_);
+  std::vector<double> part;
+  for (int64_t i = begin; i < end; i += kSumSquaresChunk) {
+    const int64_t n = std::min(kSumSquaresChunk, end - i);
+    part.push_back(be_.sum_squares(grads_flat_.flat(i, n, {n})));
+  }
+  return part;
 }
 
 void GPT2::ensure_acts(int B, int T) {
@@ -222,12 +278,27 @@ float GPT2::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
   return static_cast<float>(mean_loss_);
 }
 
-void GPT2::zero_grad() { be_.zero(grads_flat_); }
+void GPT2::zero_grad() {
+  be_.zero(grads_flat_);
+  grads_zero_ = true;
+}
 
 void GPT2::backward(int grad_accum_steps) {
   ST_CHECK(has_targets_, "backward needs a forward with targets first");
   ST_CHECK(grad_accum_steps > 0, "grad_accum_steps must be positive");
   has_targets_ = false;
+  // kSeparate after the first micro-batch: this micro-batch's gradient goes to the scratch
+  // buffer (from zero) and is added to the sum at the end.
+  const bool separate = accum_mode_ == GradAccumMode::kSeparate && !grads_zero_;
+  grads_zero_ = false;
+  if (separate && !scratch_flat_.defined()) {
+    scratch_flat_ = be_.alloc({nparams_}, storage_);
+    const auto shapes = param_shapes(cfg_);
+    for (int i = 0; i < kNumParams; ++i)
+      scratch_[i] = scratch_flat_.flat(offsets_[i], shape_numel(shapes[i]), shapes[i]);
+  }
+  if (separate) be_.zero(scratch_flat_);
+  const std::array<Tensor, kNumParams>& G = separate ? scratch_ : grads_;  // written here
   const DType f = compute_;
   Acts& a = acts_;
   const int B = a.B, T = a.T;
@@ -236,31 +307,32 @@ void GPT2::backward(int grad_accum_steps) {
   Tensor dlogits = a.logits;
   be_.crossentropy_forward_backward(a.losses, dlogits, a.logits, a.targets, cfg_.vocab_size,
                                     dloss, f);
-  be_.matmul_backward(a.dbtc, grads_[kWte], Tensor(), dlogits, a.lnf, params_[kWte], f);
+  be_.matmul_backward(a.dbtc, G[kWte], Tensor(), dlogits, a.lnf, params_[kWte], f);
   be_.zero(a.dresidual);
   const int last = cfg_.n_layer - 1;
-  be_.layernorm_backward(a.dresidual, grads_[kLnfw], grads_[kLnfb], a.dbtc, a.residual3[last],
+  be_.layernorm_backward(a.dresidual, G[kLnfw], G[kLnfb], a.dbtc, a.residual3[last],
                          params_[kLnfw], a.lnf_mean, a.lnf_rstd, f);
   for (int l = last; l >= 0; --l) {
     // a.dresidual holds d(residual3[l]) = d(fcproj[l]).
-    be_.matmul_backward(a.dbt4c, grads_[kFcprojw][l], grads_[kFcprojb][l], a.dresidual,
+    be_.matmul_backward(a.dbt4c, G[kFcprojw][l], G[kFcprojb][l], a.dresidual,
                         a.fch_gelu[l], params_[kFcprojw][l], f);
     be_.gelu_backward(a.dbt4c, a.fch[l], a.dbt4c, f);
-    be_.matmul_backward(a.dbtc, grads_[kFcw][l], grads_[kFcb][l], a.dbt4c, a.ln2[l],
+    be_.matmul_backward(a.dbtc, G[kFcw][l], G[kFcb][l], a.dbt4c, a.ln2[l],
                         params_[kFcw][l], f);
-    be_.layernorm_backward(a.dresidual, grads_[kLn2w][l], grads_[kLn2b][l], a.dbtc,
+    be_.layernorm_backward(a.dresidual, G[kLn2w][l], G[kLn2b][l], a.dbtc,
                            a.residual2[l], params_[kLn2w][l], a.ln2_mean[l], a.ln2_rstd[l], f);
     // a.dresidual now holds d(residual2[l]) = d(attproj[l]).
-    be_.matmul_backward(a.datty, grads_[kAttprojw][l], grads_[kAttprojb][l], a.dresidual,
+    be_.matmul_backward(a.datty, G[kAttprojw][l], G[kAttprojb][l], a.dresidual,
                         a.atty[l], params_[kAttprojw][l], f);
     if (observer_) observer_(AttentionTaps{l, a.qkv[l], a.atty[l], a.datty, a.ln1[l]});
     attn_[l]->backward(a.dqkv, a.datty, a.qkv[l], a.atty[l], a.lse[l], cfg_.n_head, f);
-    be_.matmul_backward(a.dbtc, grads_[kQkvw][l], grads_[kQkvb][l], a.dqkv, a.ln1[l],
+    be_.matmul_backward(a.dbtc, G[kQkvw][l], G[kQkvb][l], a.dqkv, a.ln1[l],
                         params_[kQkvw][l], f);
-    be_.layernorm_backward(a.dresidual, grads_[kLn1w][l], grads_[kLn1b][l], a.dbtc,
+    be_.layernorm_backward(a.dresidual, G[kLn1w][l], G[kLn1b][l], a.dbtc,
                            residual_in(l), params_[kLn1w][l], a.ln1_mean[l], a.ln1_rstd[l], f);
   }
-  be_.encoder_backward(grads_[kWte], grads_[kWpe], a.dresidual, a.tokens, f);
+  be_.encoder_backward(G[kWte], G[kWpe], a.dresidual, a.tokens, f);
+  if (separate) be_.residual_forward(grads_flat_, grads_flat_, scratch_flat_, f);
 }
 
 void GPT2::set_collect_attention_stats(bool on) {
@@ -268,6 +340,8 @@ void GPT2::set_collect_attention_stats(bool on) {
 }
 
 StepStats GPT2::step(float lr, const OptimConfig& opt, std::optional<double> sum_squares) {
+  ST_CHECK(sum_squares || !sharded(), "a sharded model's step needs the global gradient sum of "
+           "squares");
   StepStats s;
   s.loss_scale = scaler_.scale();
   const double ss = sum_squares ? *sum_squares : grad_sum_squares();
@@ -285,9 +359,19 @@ StepStats GPT2::step(float lr, const OptimConfig& opt, std::optional<double> sum
   args.eps = opt.eps;
   args.step = adam_t_;
   args.grad_scale = static_cast<float>(coef / s.loss_scale);
+  // Each tensor's part inside the shard (all of every tensor unless sharded). AdamW is
+  // elementwise, so updating a tensor in pieces gives the bits of updating it whole.
+  const Tensor master = master_flat();
+  const auto shapes = param_shapes(cfg_);
   for (int i = 0; i < kNumParams; ++i) {
+    const int64_t lo = std::max(offsets_[i], shard_begin_);
+    const int64_t hi = std::min(offsets_[i] + shape_numel(shapes[i]), shard_end_);
+    if (hi <= lo) continue;
+    const int64_t n = hi - lo, at = lo - shard_begin_;
     args.weight_decay = is_decayed(i) ? opt.weight_decay : 0.0f;
-    be_.adamw_update(masters_[i], params_[i], grads_[i], ms_[i], vs_[i], args, compute_);
+    be_.adamw_update(master.flat(at, n, {n}), params_flat_.flat(lo, n, {n}),
+                     grads_flat_.flat(lo, n, {n}), m_.flat(at, n, {n}), v_.flat(at, n, {n}),
+                     args, compute_);
   }
   return s;
 }

@@ -46,6 +46,28 @@ const char* param_name(int id);
 std::array<Shape, kNumParams> param_shapes(const GPT2Config& c);
 int64_t num_parameters(const GPT2Config& c);  // padded vocabulary included
 
+// The part [begin, end) of the flat parameters whose optimizer state (AdamW m and v, and
+// in bf16/fp16 the FP32 master weights) a model keeps; end < 0: all of them. ZeRO-1 gives
+// every rank one part (train/trainer.cpp, docs/distributed.md); parameters and gradients
+// stay whole on every rank.
+struct OptimShard {
+  int64_t begin = 0, end = -1;
+};
+
+// How backward() adds a micro-batch's gradient to the step's sum (train.grad_accum_mode):
+// kFused: every backward kernel adds its contribution into the gradient buffer (dW =
+//   round(dW + contribution), llm.c's way); kSeparate: the first micro-batch after
+//   zero_grad() writes the buffer as kFused does, every later one is formed from zero in a
+//   scratch buffer and then added with one add and one rounding, grads = round(grads + g) --
+//   the arithmetic of the data-parallel reduction (dist/comm.h).
+enum class GradAccumMode { kFused, kSeparate };
+
+// Elements per partial sum of the CPU backend's sum_squares (layers/reduce_cpu.cpp: FP64
+// partial sums of 64K-element chunks, added in order). A sharded gradient norm made of the
+// same per-chunk partials, added in the same order, has the same bits; ZeRO-1 shards are
+// multiples of it.
+inline constexpr int64_t kSumSquaresChunk = int64_t(1) << 16;
+
 struct OptimConfig {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.0f;  // applied to 2-D weights only (wte, wpe, qkvw, ...)
@@ -73,11 +95,14 @@ using AttentionObserver = std::function<void(const AttentionTaps&)>;
 class GPT2 {
  public:
   // attn: one config for every layer, or one per layer (per-layer backends and overrides).
+  // shard: the optimizer state kept here (OptimShard; default all of it).
   GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
-       const std::vector<AttentionConfig>& attn, const LossScalerConfig& ls = {});
+       const std::vector<AttentionConfig>& attn, const LossScalerConfig& ls = {},
+       const OptimShard& shard = {});
   GPT2(const GPT2Config& cfg, Backend& backend, DType compute,
-       const AttentionConfig& attn = AttentionConfig{}, const LossScalerConfig& ls = {})
-      : GPT2(cfg, backend, compute, std::vector<AttentionConfig>{attn}, ls) {}
+       const AttentionConfig& attn = AttentionConfig{}, const LossScalerConfig& ls = {},
+       const OptimShard& shard = {})
+      : GPT2(cfg, backend, compute, std::vector<AttentionConfig>{attn}, ls, shard) {}
   const GPT2Config& config() const { return cfg_; }
   DType compute() const { return compute_; }
   Backend& backend() { return be_; }
@@ -87,8 +112,14 @@ class GPT2 {
   // layernorm weights 1; padded vocabulary rows 0. Drawn in FP64 from Rng(seed).
   void init_weights(uint64_t seed);
   // Master weights from / to a host FP32 flat array of num_params() values (llm.c order).
+  // Sharded with a separate master (bf16/fp16): set_master_fp32 keeps the shard's part and
+  // rounds all of it into the parameters; master_fp32 asks the source set with
+  // set_master_source (the trainer gathers the shards), and throws without one.
   void set_master_fp32(const std::vector<float>& flat);
   std::vector<float> master_fp32() const;
+  void set_master_source(std::function<std::vector<float>()> source) {
+    master_source_ = std::move(source);
+  }
 
   // tokens, targets: host int32 (B*T). Returns the mean loss (targets given) or NaN;
   // mean_loss() keeps it in FP64 (summed in order over positions).
@@ -97,13 +128,21 @@ class GPT2 {
   double mean_loss() const { return mean_loss_; }
   void zero_grad();
   // Backward of the last forward. grad_accum_steps divides the loss so that micro-steps
-  // accumulate the mean gradient; the loss scale (fp16) multiplies it.
+  // accumulate the mean gradient; the loss scale (fp16) multiplies it. The gradient joins
+  // the sum as set_grad_accum_mode says (default kFused).
   void backward(int grad_accum_steps = 1);
+  void set_grad_accum_mode(GradAccumMode m) { accum_mode_ = m; }
+  GradAccumMode grad_accum_mode() const { return accum_mode_; }
   // Clip, AdamW with lr, zero nothing (call zero_grad before the next accumulation).
-  // sum_squares: grad_sum_squares() when the caller already has it (saves a pass).
+  // sum_squares: grad_sum_squares() when the caller already has it (saves a pass); required
+  // when sharded (the global sum over every rank's shard). Sharded, only the shard's
+  // parameters are updated (the caller gathers the others).
   StepStats step(float lr, const OptimConfig& opt, std::optional<double> sum_squares = {});
   // Sum of squares of the (loss-scaled) gradients, in FP64.
   double grad_sum_squares() const { return be_.sum_squares(grads_flat_); }
+  // The kSumSquaresChunk partial sums of the gradients in [begin, end) (begin a multiple
+  // of kSumSquaresChunk): added in order they give grad_sum_squares() over that range.
+  std::vector<double> grad_sum_squares_chunks(int64_t begin, int64_t end) const;
 
   // Instrumentation. The observer (when set) is called in backward() for every layer,
   // right before that layer's attention backward. Attention statistics are collected in
@@ -121,10 +160,19 @@ class GPT2 {
   const Tensor& losses() const { return acts_.losses; }  // (B,T)
   int adam_step() const { return adam_t_; }
   LossScaler& loss_scaler() { return scaler_; }
-  // Optimizer state, for checkpoints: master (FP32), m, v flat views.
-  Tensor master_flat() const { return master_; }
+  // Optimizer state, for checkpoints: master (FP32), m, v flat views of the shard
+  // [shard_begin(), shard_end()) (the whole array unless sharded).
+  Tensor master_flat() const;
   Tensor m_flat() const { return m_; }
   Tensor v_flat() const { return v_; }
+  Tensor params_flat() const { return params_flat_; }  // all parameters, compute storage
+  bool sharded() const { return shard_begin_ != 0 || shard_end_ != nparams_; }
+  bool separate_master() const { return separate_master_; }  // bf16/fp16: FP32 master copy
+  int64_t shard_begin() const { return shard_begin_; }
+  int64_t shard_end() const { return shard_end_; }
+  // Bytes of optimizer state allocated here: m and v, plus the master weights where they
+  // are not the parameters themselves (bf16/fp16).
+  size_t optimizer_bytes() const;
   void set_adam_step(int t) { adam_t_ = t; }
   // Copies master weights into the compute parameters (rounding to the compute format).
   void sync_params_from_master();
@@ -153,7 +201,14 @@ class GPT2 {
   int64_t nparams_ = 0;
   std::array<int64_t, kNumParams> offsets_{};
   Tensor params_flat_, grads_flat_, master_, m_, v_;
-  std::array<Tensor, kNumParams> params_, grads_, masters_, ms_, vs_;
+  std::array<Tensor, kNumParams> params_, grads_;
+  int64_t shard_begin_ = 0, shard_end_ = 0;
+  bool separate_master_ = false;
+  GradAccumMode accum_mode_ = GradAccumMode::kFused;
+  bool grads_zero_ = true;  // no backward since zero_grad()
+  Tensor scratch_flat_;     // kSeparate: a later micro-batch's gradient
+  std::array<Tensor, kNumParams> scratch_;
+  std::function<std::vector<float>()> master_source_;
   Acts acts_;
   LossScaler scaler_;
   int adam_t_ = 0;

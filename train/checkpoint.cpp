@@ -1,5 +1,8 @@
 // Checkpoint file format, version 2 (version 1 = the same without the hooks_state record;
-// still read). All integers little-endian.
+// still read). All integers little-endian. Data-parallel runs add the records dist_world,
+// optim_shards, shard_rank, shard_begin and shard_end (checkpoint.h); they are optional,
+// written only when not at their defaults, so single-process files are unchanged (a build
+// older than them refuses a data-parallel checkpoint as an unknown record).
 //
 //   header   magic "STCKPT01" (8 bytes), format version (u32: 2; 1 is read too)
 //   records  repeated up to the trailer, one per CheckpointState field, in any order:
@@ -61,10 +64,31 @@ void visit_fields(S& s, F&& f) {
   f("data_state", s.data_state);
   f("elapsed_s", s.elapsed_s);
   f("hooks_state", s.hooks_state);  // since version 2
+  f("dist_world", s.dist_world);    // optional (data-parallel runs)
+  f("optim_shards", s.optim_shards);
+  f("shard_rank", s.shard_rank);
+  f("shard_begin", s.shard_begin);
+  f("shard_end", s.shard_end);
+}
+
+// Optional records: absent means the default (checkpoint.h), and the writer leaves them out
+// at their defaults.
+bool is_optional(const char* name) {
+  for (const char* n : {"dist_world", "optim_shards", "shard_rank", "shard_begin", "shard_end"})
+    if (std::strcmp(name, n) == 0) return true;
+  return false;
+}
+bool at_default(const char* name, const CheckpointState& s) {
+  if (std::strcmp(name, "dist_world") == 0) return s.dist_world == 1;
+  if (std::strcmp(name, "optim_shards") == 0) return s.optim_shards == 0;
+  if (std::strcmp(name, "shard_rank") == 0) return s.shard_rank == -1;
+  if (std::strcmp(name, "shard_begin") == 0 || std::strcmp(name, "shard_end") == 0)
+    return s.shard_rank == -1 && s.shard_begin == 0 && s.shard_end == 0;
+  return false;
 }
 
 // Same members in the same order: catches (most) fields added without updating the list.
-struct LayoutV1 {
+struct Layout {
   std::string a;
   int64_t b[2];
   int32_t c[6];
@@ -76,8 +100,10 @@ struct LayoutV1 {
   std::vector<uint8_t> i[2];
   double j;
   std::vector<uint8_t> k;
+  int32_t l[3];
+  int64_t m[2];
 };
-static_assert(sizeof(CheckpointState) == sizeof(LayoutV1),
+static_assert(sizeof(CheckpointState) == sizeof(Layout),
               "CheckpointState changed: update visit_fields() and the format comment");
 
 template <class T>
@@ -151,9 +177,22 @@ std::string to_hex(const std::array<uint8_t, 32>& d) {
 // Empty when the optimizer arrays are consistent, else what is wrong.
 std::string check_arrays(const CheckpointState& s) {
   std::ostringstream os;
+  const bool main_of_shards = s.optim_shards > 0 && s.shard_rank < 0;
   if (s.master_elem_bytes != 4 && s.master_elem_bytes != 8)
     os << "master_elem_bytes is " << s.master_elem_bytes << ", expected 4 (fp32) or 8 (fp64)";
-  else if (s.m.size() != s.master.size() || s.v.size() != s.master.size())
+  else if (s.dist_world < 1 || s.optim_shards < 0 || (s.optim_shards > 0 && s.optim_shards != s.dist_world))
+    os << "dist_world " << s.dist_world << " with optim_shards " << s.optim_shards
+       << " (expected optim_shards 0 or equal to dist_world)";
+  else if (s.shard_rank >= 0 && (s.optim_shards == 0 || s.shard_rank >= s.optim_shards ||
+                                 s.shard_begin < 0 || s.shard_end < s.shard_begin ||
+                                 s.master.size() != size_t(s.shard_end - s.shard_begin) *
+                                                        size_t(s.master_elem_bytes)))
+    os << "bad shard: rank " << s.shard_rank << " of " << s.optim_shards << ", elements ["
+       << s.shard_begin << ", " << s.shard_end << "), master " << s.master.size() << " bytes";
+  else if (main_of_shards && (!s.m.empty() || !s.v.empty()))
+    os << "a sharded checkpoint's main file holds m and v (" << s.m.size() << ", "
+       << s.v.size() << " bytes; expected none: they are in the rank files)";
+  else if (!main_of_shards && (s.m.size() != s.master.size() || s.v.size() != s.master.size()))
     os << "inconsistent array sizes: master " << s.master.size() << " bytes, m " << s.m.size()
        << ", v " << s.v.size() << " (expected equal)";
   else if (s.master.size() % size_t(s.master_elem_bytes) != 0)
@@ -368,7 +407,8 @@ void parse_records(Reader& r, CheckpointState& s) {
   }
   size_t idx = 0;
   visit_fields(s, [&](const char* field_name, auto&) {
-    const bool optional = version < 2 && std::strcmp(field_name, "hooks_state") == 0;
+    const bool optional = (version < 2 && std::strcmp(field_name, "hooks_state") == 0) ||
+                          is_optional(field_name);
     if (!seen[idx++] && !optional)
       throw FormatError(std::string("missing record '") + field_name + "'");
   });
@@ -398,6 +438,7 @@ std::string save_checkpoint(const std::string& path, const CheckpointState& s) {
     put_le<uint32_t>(header + kMagicBytes, kCheckpointVersion);
     w.put(header, sizeof header);
     visit_fields(s, [&](const char* name, const auto& v) {
+      if (is_optional(name) && at_default(name, s)) return;
       put_record(w, name, v, &v == static_cast<const void*>(&s.master) ? &master_sha : nullptr);
     });
     uint8_t len[8];

@@ -41,6 +41,15 @@ struct CheckpointState {
   // Stability-hook state (train/hooks.h: power-iteration vectors, delta-drift sums, spike
   // detector window), so a resumed run's diagnostics continue exactly. Empty in version 1.
   std::vector<uint8_t> hooks_state;
+  // Data-parallel runs (docs/distributed.md). Written only when they differ from these
+  // defaults, so a single-process checkpoint has none of these records.
+  int32_t dist_world = 1;    // ranks of the run that wrote the checkpoint
+  // 0: master, m and v are the whole optimizer state. N > 0 (ZeRO-1 over N ranks): the main
+  // file ckpt_NNNNNNNN.bin holds the whole master weights and empty m and v; rank r's file
+  // ckpt_NNNNNNNN.rank<r>.bin holds master, m and v of its shard [shard_begin, shard_end).
+  int32_t optim_shards = 0;
+  int32_t shard_rank = -1;   // rank files: whose shard; -1 in a main file
+  int64_t shard_begin = 0, shard_end = 0;  // rank files: elements of the flat parameters
 };
 
 // Writes atomically to `path`; returns the hex SHA-256 of the master weights bytes. On

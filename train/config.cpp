@@ -104,6 +104,9 @@ const Key kSchema[] = {
     {ST_KEY(train, eval_batches), at_least(1), "micro-batches per validation loss"},
     {ST_KEY(train, log_every), at_least(1), "console progress line every N steps"},
     {ST_KEY(train, sample_tokens), at_least(0), "tokens sampled at the end of the run; 0: none"},
+    {ST_KEY(train, grad_accum_mode), any(),
+     "micro-batch gradients: fused into the buffer, or separate (one add each: the DP sum)",
+     "fused|separate"},
 
     {ST_KEY(precision, compute), any(), "compute precision; fp64: reference",
      "fp32|bf16|fp16|fp64"},
@@ -155,11 +158,21 @@ const Key kSchema[] = {
     {ST_KEY(hooks, spike_snapshot), any(),
      "on a spike, write spike_ckpt_N.bin: the state before the update"},
     {ST_KEY(hooks, spike_skip), any(), "on a spike, skip the update"},
+
+    {ST_KEY(dist, backend), any(),
+     "data parallelism; auto: mpi under mpirun (nccl with device cuda), else none",
+     "auto|none|mpi|nccl"},
+    {ST_KEY(dist, zero), closed(0, 1), "1: ZeRO-1, AdamW state and master weights sharded"},
+    {ST_KEY(dist, timeout_s), open(0, 1e7),
+     "a collective or rendezvous taking longer ends every rank with an error"},
+    {ST_KEY(dist, nccl_bootstrap), any(), "how rank 0's NCCL id reaches the others",
+     "mpi|file|tcp"},
+    {ST_KEY(dist, rendezvous), any(), "nccl_bootstrap file: shared path; tcp: host:port"},
 };
 #undef ST_KEY
 
-const char* const kSections[] = {"run",       "model",     "data", "train",
-                                 "precision", "attention", "hooks"};
+const char* const kSections[] = {"run",       "model",     "data",  "train",
+                                 "precision", "attention", "hooks", "dist"};
 
 std::string section_of(const Key& k) {
   const char* dot = std::strchr(k.name, '.');

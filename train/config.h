@@ -55,6 +55,11 @@ struct TrainSection {
   int eval_batches = 8;
   int log_every = 1;         // console progress line every N steps
   int sample_tokens = 200;   // text sample at the end of the run; 0 disables
+  // How a micro-batch's gradient joins the step's sum: fused (each backward kernel adds its
+  // contribution into the gradient buffer, as llm.c does) or separate (the micro-batch's
+  // gradient is formed from zero, then added with one add + rounding: the arithmetic of the
+  // data-parallel reduction, docs/distributed.md).
+  std::string grad_accum_mode = "fused";
 };
 
 struct PrecisionSection {
@@ -95,6 +100,15 @@ struct HooksSection {
   bool spike_skip = false;
 };
 
+// Data-parallel training across processes, GPUs and nodes (docs/distributed.md).
+struct DistSection {
+  std::string backend = "auto";        // auto | none | mpi | nccl
+  int zero = 0;                        // 1: ZeRO-1, optimizer state sharded across ranks
+  double timeout_s = 300.0;            // any collective operation (or rendezvous) longer: error
+  std::string nccl_bootstrap = "mpi";  // mpi | file | tcp: how NCCL's unique id is shared
+  std::string rendezvous;              // file: shared path; tcp: host:port of rank 0
+};
+
 struct Config {
   RunSection run;
   ModelSection model;
@@ -103,6 +117,7 @@ struct Config {
   PrecisionSection precision;
   AttentionSection attention;
   HooksSection hooks;
+  DistSection dist;
   std::string device = "auto";  // auto | cpu | cuda
   std::string source;           // file the config came from (for error messages)
 };

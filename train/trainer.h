@@ -27,8 +27,20 @@ struct TrainResult {
   double tokens_per_s = 0.0;       // mean over this call's steps
   std::string sample;              // text sample at the end (if enabled)
   double hook_seconds = 0.0;       // wall time spent in the stability hooks
+  // Data parallelism (dist.*; docs/distributed.md): this process's place in the job, the
+  // optimizer-state bytes it allocated (m, v and a separate master: ZeRO-1 shards them) and
+  // its resident set: the largest right after an update, and the peak (VmHWM).
+  int rank = 0, world = 1;
+  size_t optimizer_bytes = 0;
+  size_t step_rss_bytes = 0;
+  size_t peak_rss_bytes = 0;
+  double comm_seconds = 0.0;  // in collectives of the training steps (waiting included)
 };
 
+// Under a launcher (mpirun, srun) with dist.backend mpi / nccl / auto this is one rank of a
+// data-parallel job (docs/distributed.md): every rank calls it; rank 0 writes the logs,
+// metrics and model file. There an error on any rank ends every rank (message on stderr,
+// MPI_Abort) instead of throwing; a single process throws st::Error as always.
 TrainResult run_training(const Config& cfg, const TrainOptions& opt);
 
 // The per-layer attention configs of a config (attention.* with layer_backends and
@@ -39,7 +51,10 @@ std::vector<AttentionConfig> attention_configs(const Config& cfg);
 GPT2Config model_config(const Config& cfg);
 
 // Checkpoint file name for a step, and the newest checkpoint in a directory ("" if none).
+// ZeRO-1 runs add one optimizer shard per rank, rank_checkpoint_name(step, rank); the main
+// file is written last, so a checkpoint without it is incomplete and never resumed from.
 std::string checkpoint_name(int64_t step);
+std::string rank_checkpoint_name(int64_t step, int rank);
 std::string latest_checkpoint(const std::string& dir);
 
 }  // namespace st

@@ -1,0 +1,618 @@
+// Data-parallel training (issue 10, docs/distributed.md).
+//
+// CPU build (label cpu, needs MPI: Debian openmpi-bin + libopenmpi-dev): real `train` runs
+// under `mpirun -np N` against one process with the same global batch --
+//   * 2 ranks (plain and ZeRO-1) and 3 ranks (ZeRO-1, bf16, hooks on) give the losses, grad
+//     norms, validation losses, hook files and weights of one process with
+//     grad_accum_steps = N and train.grad_accum_mode separate bit for bit; against the
+//     default fused accumulation the observed difference is printed and bounded;
+//   * the real tiny config (configs/tiny_shakespeare.yaml) on 2 ranks, same check;
+//   * a 2-rank ZeRO-1 checkpoint resumes on 2 ranks bit-exactly; other rank counts and
+//     dist.zero changes are refused with a clear message;
+//   * a rank that dies, hangs (dist.timeout_s) or fails while writing a checkpoint ends
+//     every rank within a bounded time, and no half-written checkpoint is resumed from;
+//   * the file and TCP rendezvous, partitions, the reduction arithmetic, launcher detection.
+// Without MPI only the refusal of dist.backend mpi is tested.
+//
+// GPU build (ST_DIST_GPU_TESTS, label gpu; fails without a GPU): the NCCL communicator with
+// one rank on device buffers.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "dist/comm.h"
+#include "dist/rendezvous.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+#ifdef ST_DIST_GPU_TESTS
+#include <cuda_runtime.h>
+#endif
+
+namespace fs = std::filesystem;
+using namespace st;
+using st::test::slurp;
+
+namespace {
+
+const fs::path& tmp_root() {
+  static const fs::path p = st::test::make_scratch_dir("st_dist_test_");
+  return p;
+}
+
+#ifndef ST_DIST_GPU_TESTS
+
+std::string text_file() { return st::test::pseudo_text_file(tmp_root() / "text.txt"); }
+
+// A small byte-level model (118,528 parameters: two 64K-element ZeRO shards on 2 ranks).
+std::string base_yaml(const std::string& out_dir, const std::string& prec, int accum,
+                      const std::string& extra = "") {
+  std::ostringstream y;
+  y << "run: {name: d, out_dir: '" << out_dir << "', seed: 11, threads: 1}\n"
+    << "model: {n_layer: 2, n_head: 2, n_embd: 64, max_seq_len: 32, vocab_size: 256}\n"
+    << "data: {train_path: '" << text_file() << "', tokenizer: byte, val_fraction: 0.1}\n"
+    << "train: {max_steps: 8, batch_size: 4, seq_len: 32, grad_accum_steps: " << accum
+    << ", lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 2, ckpt_every: 4, keep_checkpoints: 0,"
+    << " eval_every: 4, eval_batches: 3, log_every: 4, sample_tokens: 0,"
+    << " grad_accum_mode: separate}\n"
+    << "precision: {compute: " << prec << ", loss_scale_init: 1024}\n"
+    << "hooks: {every: 0}\n"
+    << "device: cpu\n"
+    << extra;
+  return y.str();
+}
+
+std::string write_yaml(const std::string& name, const std::string& text) {
+  const fs::path p = tmp_root() / (name + ".yaml");
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+struct Cmd {
+  int code = -1;
+  std::string out;  // stdout and stderr
+  double seconds = 0;
+};
+
+Cmd sh(const std::string& cmd) {
+  static int n = 0;
+  const fs::path out = tmp_root() / ("out_" + std::to_string(n++) + ".txt");
+  const auto t0 = std::chrono::steady_clock::now();
+  Cmd c;
+  c.code = st::test::sh(cmd + " >" + out.string() + " 2>&1");
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.out = slurp(out);
+  return c;
+}
+
+// OpenMPI's shared-memory transport copies between processes with CMA (process_vm_readv),
+// which containers without ptrace rights refuse: plain copies through shared memory instead.
+const std::string kContainerSafe = "--mca btl_vader_single_copy_mechanism none";
+
+// `train` as one process, or under mpirun with `np` ranks (np 0: no mpirun).
+Cmd train(int np, const std::string& config, const std::string& args = "",
+          const std::string& env = "") {
+  std::string cmd;
+  if (np > 0) {
+#ifdef ST_MPIEXEC
+    cmd = std::string(ST_MPIEXEC) +
+          " --allow-run-as-root --oversubscribe --bind-to none " + kContainerSafe +
+          " -x OMP_NUM_THREADS=1 " + env +
+          " -np " + std::to_string(np) + " ";
+#else
+    ADD_FAILURE() << "no mpirun";
+#endif
+  } else {
+    cmd = "OMP_NUM_THREADS=1 ";
+  }
+  return sh(cmd + ST_TRAIN_BIN + " --config " + config + " " + args);
+}
+
+std::string dir_of(const std::string& name) { return (tmp_root() / name).string(); }
+
+// One run: its config, then train it (np ranks); fails the test on a non-zero exit.
+std::string run(const std::string& name, int np, const std::string& prec, int accum,
+                const std::string& extra = "", const std::string& args = "") {
+  const std::string cfg = write_yaml(name, base_yaml(dir_of(name), prec, accum, extra));
+  const Cmd c = train(np, cfg, args);
+  EXPECT_EQ(c.code, 0) << name << ":\n" << c.out;
+  return dir_of(name);
+}
+
+// metrics.jsonl without the timing fields, one JSON text per line.
+std::vector<std::string> metrics(const std::string& dir) {
+  std::vector<std::string> lines;
+  std::ifstream f(dir + "/metrics.jsonl");
+  for (std::string l; std::getline(f, l);) {
+    auto j = nlohmann::json::parse(l);
+    j.erase("elapsed");
+    j.erase("tokens_per_s");
+    lines.push_back(j.dump());
+  }
+  return lines;
+}
+
+std::vector<double> losses(const std::string& dir) {
+  std::vector<double> v;
+  std::ifstream f(dir + "/metrics.jsonl");
+  for (std::string l; std::getline(f, l);) {
+    const auto j = nlohmann::json::parse(l);
+    if (j.contains("loss")) v.push_back(j["loss"].get<double>());
+  }
+  return v;
+}
+
+std::vector<float> master_of(const std::string& ckpt) {
+  const CheckpointState s = load_checkpoint(ckpt);
+  std::vector<float> w(s.master.size() / 4);
+  std::memcpy(w.data(), s.master.data(), s.master.size());
+  return w;
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+#endif  // !ST_DIST_GPU_TESTS
+
+}  // namespace
+
+#ifndef ST_DIST_GPU_TESTS
+
+// ---- pieces, in process ----
+
+TEST(Dist, PartitionAlignsAndCovers) {
+  const Partition p(118528, 2, 65536);
+  EXPECT_EQ(p.begin(0), 0);
+  EXPECT_EQ(p.end(0), 65536);
+  EXPECT_EQ(p.end(1), 118528);
+  const Partition q(10, 4);
+  EXPECT_EQ(q.offsets(), (std::vector<int64_t>{0, 3, 6, 9, 10}));
+  const Partition e(100, 3, 64);  // the last rank may own nothing
+  EXPECT_EQ(e.offsets(), (std::vector<int64_t>{0, 64, 100, 100}));
+  EXPECT_EQ(e.max_count(), 64);
+  // 124M, 8 ranks: 64K-aligned parts of 15,597,568; the last one 15,292,928.
+  const Partition g(124475904, 8, 65536);
+  for (int r = 0; r < 7; ++r) EXPECT_EQ(g.count(r), 15597568);
+  EXPECT_EQ(g.count(7), 15292928);
+  EXPECT_THROW(Partition(std::vector<int64_t>{0, 5, 3}), Error);
+}
+
+TEST(Dist, AddRoundedIsTheAccumulationArithmetic) {
+  std::vector<float> a = {1.0f, 1.0f, 3.0f}, b = {1.0f / 256, 3.0f / 512, 1e-8f};
+  std::vector<float> c = a;
+  add_rounded(c.data(), b.data(), 3, DType::F32, DType::F32);
+  EXPECT_EQ(c[0], 1.0f + 1.0f / 256);
+  add_rounded(a.data(), b.data(), 3, DType::F32, DType::BF16);  // round to 8 bits of mantissa
+  EXPECT_EQ(a[0], 1.0f);                // 1 + 2^-8: a tie, to even
+  EXPECT_EQ(a[1], 1.0f + 1.0f / 128);   // 1 + 1.5 * 2^-8: up
+  EXPECT_EQ(a[2], 3.0f);
+}
+
+TEST(Dist, LaunchInfoFromLauncherEnvironment) {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "RANK", "WORLD_SIZE",
+                        "LOCAL_RANK"})
+    unsetenv(v);
+  EXPECT_EQ(launch_info().world, 1);
+  EXPECT_EQ(launch_info().launcher, "none");
+  setenv("SLURM_PROCID", "5", 1);
+  setenv("SLURM_NTASKS", "16", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  LaunchInfo li = launch_info();
+  EXPECT_EQ(li.rank, 5);
+  EXPECT_EQ(li.world, 16);
+  EXPECT_EQ(li.local_rank, 1);
+  EXPECT_EQ(li.launcher, "slurm");
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);  // mpirun's variables win
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+  li = launch_info();
+  EXPECT_EQ(li.launcher, "mpirun");
+  EXPECT_EQ(li.rank, 3);
+  EXPECT_EQ(li.world, 4);
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"})
+    unsetenv(v);
+}
+
+TEST(Dist, ConfigSection) {
+  const Config c = parse_config("dist: {backend: mpi, zero: 1, timeout_s: 30, nccl_bootstrap: tcp,"
+                                " rendezvous: 'node1:29500'}\n",
+                                "d.yaml");
+  EXPECT_EQ(c.dist.backend, "mpi");
+  EXPECT_EQ(c.dist.zero, 1);
+  EXPECT_EQ(c.dist.timeout_s, 30.0);
+  EXPECT_EQ(c.dist.rendezvous, "node1:29500");
+  auto err = [](const std::string& y) {
+    try {
+      parse_config(y, "d.yaml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_HAS(err("dist: {backend: gloo}\n"), "dist.backend: expected one of auto|none|mpi|nccl");
+  EXPECT_HAS(err("dist: {zero: 2}\n"), "dist.zero = 2 is out of range");
+  EXPECT_HAS(err("dist: {timeout_s: 0}\n"), "dist.timeout_s");
+  EXPECT_HAS(err("train: {grad_accum_mode: tree}\n"), "fused|separate");
+  const std::string help = config_help();
+  for (const char* k : {"dist.backend", "dist.zero", "dist.timeout_s", "dist.nccl_bootstrap",
+                        "dist.rendezvous", "train.grad_accum_mode"})
+    EXPECT_HAS(help, std::string("  ") + k + " ");
+  const Config back = parse_config(config_to_yaml(c), "back.yaml");
+  EXPECT_EQ(back.dist.nccl_bootstrap, "tcp");
+  EXPECT_EQ(back.dist.zero, 1);
+}
+
+TEST(Dist, FileRendezvous) {
+  const std::string path = (tmp_root() / "rdv_id").string();
+  const std::vector<uint8_t> id = {1, 2, 3, 250, 0, 7};
+  std::vector<uint8_t> got1, got2;
+  std::thread r1([&] { got1 = rendezvous_file(path, 1, 3, {}, 10); });
+  std::thread r2([&] { got2 = rendezvous_file(path, 2, 3, {}, 10); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the others wait for it
+  EXPECT_EQ(rendezvous_file(path, 0, 3, id, 10), id);
+  r1.join();
+  r2.join();
+  EXPECT_EQ(got1, id);
+  EXPECT_EQ(got2, id);
+  // A stale file: rank 0 refuses it, a reader of another world size refuses it.
+  try {
+    rendezvous_file(path, 0, 3, id, 10);
+    ADD_FAILURE() << "stale rendezvous file accepted";
+  } catch (const Error& e) {
+    EXPECT_HAS(std::string(e.what()), "already exists");
+  }
+  try {
+    rendezvous_file(path, 1, 4, {}, 10);
+    ADD_FAILURE() << "rendezvous of another world size accepted";
+  } catch (const Error& e) {
+    EXPECT_HAS(std::string(e.what()), "job of 3 ranks, this job has 4");
+  }
+  rendezvous_file_done(path);
+  // Rank 0 never comes: an error naming the timeout, in about timeout_s.
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    rendezvous_file(path, 1, 2, {}, 0.5);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_HAS(std::string(e.what()), "did not complete within dist.timeout_s = 0.5 s");
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+}
+
+TEST(Dist, TcpRendezvous) {
+  const std::string addr = "127.0.0.1:" + std::to_string(20000 + getpid() % 20000);
+  const std::vector<uint8_t> id(128, 42);
+  std::vector<uint8_t> got1, got2;
+  std::thread r1([&] { got1 = rendezvous_tcp(addr, 1, 3, {}, 10); });  // before rank 0 listens
+  std::thread r0([&] { EXPECT_EQ(rendezvous_tcp(addr, 0, 3, id, 10), id); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  std::thread r2([&] { got2 = rendezvous_tcp(addr, 2, 3, {}, 10); });
+  r0.join();
+  r1.join();
+  r2.join();
+  EXPECT_EQ(got1, id);
+  EXPECT_EQ(got2, id);
+  // Nobody listens / nobody connects: errors within the timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    rendezvous_tcp(addr, 1, 2, {}, 0.5);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_HAS(std::string(e.what()), "did not complete within dist.timeout_s = 0.5 s");
+    EXPECT_HAS(std::string(e.what()), "rank 0 never answered");
+  }
+  try {
+    rendezvous_tcp(addr, 0, 2, id, 0.5);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_HAS(std::string(e.what()), "0 of 1 ranks connected");
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 4.0);
+}
+
+#ifndef ST_MPIEXEC
+
+TEST(Dist, MpiBackendRefusedWithoutMpi) {
+  EXPECT_FALSE(mpi_built());
+  Config c = parse_config(base_yaml(dir_of("nompi"), "fp32", 1, "dist: {backend: mpi}\n"), "x.yaml");
+  TrainOptions o;
+  o.console = false;
+  try {
+    run_training(c, o);
+    ADD_FAILURE() << "dist.backend mpi accepted without MPI";
+  } catch (const Error& e) {
+    EXPECT_HAS(std::string(e.what()), "this build has no MPI");
+  }
+}
+
+#else  // MPI: real data-parallel runs
+
+// 2 ranks, plain and ZeRO-1, against one process with twice the accumulation (FP32).
+TEST(DataParallel, TwoRanksEqualOneProcessBitForBit) {
+  const std::string one = run("one", 0, "fp32", 2);
+  const std::string dp = run("dp2", 2, "fp32", 1);
+  const std::string z = run("zero2", 2, "fp32", 1, "dist: {zero: 1}\n");
+  const auto m1 = metrics(one);
+  ASSERT_EQ(m1.size(), 8u + 2 + 2);  // steps, evaluations, checkpoints
+  EXPECT_EQ(metrics(dp), m1) << "2 ranks differ from 1 process";
+  EXPECT_EQ(metrics(z), m1) << "2 ranks with ZeRO-1 differ from 1 process";
+  // Layout: the plain run has one file per checkpoint; ZeRO-1 a main file with the whole
+  // master and no moments, and one shard per rank.
+  EXPECT_FALSE(fs::exists(dp + "/ckpt_00000008.rank0.bin"));
+  const CheckpointState main = load_checkpoint(z + "/ckpt_00000008.bin");
+  EXPECT_EQ(main.master.size(), 118528u * 4);
+  EXPECT_TRUE(main.m.empty());
+  EXPECT_EQ(main.optim_shards, 2);
+  EXPECT_EQ(main.dist_world, 2);
+  const CheckpointState r1 = load_checkpoint(z + "/ckpt_00000008.rank1.bin");
+  EXPECT_EQ(r1.shard_rank, 1);
+  EXPECT_EQ(r1.shard_begin, 65536);
+  EXPECT_EQ(r1.shard_end, 118528);
+  EXPECT_EQ(r1.m.size(), (118528u - 65536) * 4);
+  // Memory: ZeRO-1 splits m and v; in FP32 the master is the parameters.
+  const std::string log = slurp(z + "/train.log");
+  EXPECT_HAS(log, "memory: rank 0: optimizer state 524288 bytes");
+  EXPECT_HAS(log, "memory: rank 1: optimizer state 423936 bytes");
+  EXPECT_HAS(slurp(dp + "/train.log"), "memory: rank 1: optimizer state 948224 bytes");
+  EXPECT_HAS(log, "data parallel: 2 ranks (mpi), 1 micro-batches of 4 x 32 per rank and step, "
+                  "global batch 256 tokens, ZeRO-1");
+  // Against the default fused accumulation (kernels add into the gradient buffer): not the
+  // same rounding, so close rather than equal.
+  const std::string fused = run("fused", 0, "fp32", 2, "", "--set train.grad_accum_mode=fused");
+  const auto lf = losses(fused), l2 = losses(dp);
+  ASSERT_EQ(lf.size(), l2.size());
+  double max_rel = 0;
+  for (size_t i = 0; i < lf.size(); ++i) max_rel = std::max(max_rel, std::abs(lf[i] - l2[i]) / l2[i]);
+  const auto wf = master_of(fused + "/ckpt_00000008.bin"), w2 = master_of(dp + "/ckpt_00000008.bin");
+  double max_dw = 0, max_w = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < wf.size(); ++i) {
+    max_dw = std::max(max_dw, double(std::abs(wf[i] - w2[i])));
+    max_w = std::max(max_w, double(std::abs(w2[i])));
+    differ += wf[i] != w2[i];
+  }
+  std::printf("[ observed ] 2 ranks vs 1 process fused accumulation, 8 steps: max relative loss "
+              "difference %.3g, max |dW| %.3g (max |W| %.3g), %zu of %zu weights differ\n",
+              max_rel, max_dw, max_w, differ, wf.size());
+  RecordProperty("fused_max_rel_loss_diff", std::to_string(max_rel));
+  RecordProperty("fused_max_abs_weight_diff", std::to_string(max_dw));
+  EXPECT_LT(max_rel, 1e-5);
+  EXPECT_LT(max_dw, 1e-4);
+}
+
+// 3 ranks: the summation order matters (a + b + c); ZeRO-1 in bf16 (sharded FP32 master,
+// a rank with an empty shard) with the spectral and gradient-norm hooks reading gathered
+// weights and gradients.
+TEST(DataParallel, ThreeRanksZeroBf16WithHooksEqualOneProcess) {
+  const std::string hooks =
+      "--set hooks.every=4 --set hooks.attn_stats=false --set hooks.delta_drift=false"
+      " --set hooks.spike_z=3 --set hooks.spike_warmup=2";
+  const std::string one = run("one3", 0, "bf16", 3, "", hooks);
+  const std::string z = run("zero3", 3, "bf16", 1, "dist: {zero: 1}\n", hooks);
+  EXPECT_EQ(metrics(z), metrics(one));
+  for (const char* f : {"spectral.csv", "grad_norms.csv"}) {
+    EXPECT_FALSE(slurp(one + "/" + f).empty()) << f;
+    EXPECT_EQ(slurp(z + "/" + f), slurp(one + "/" + f)) << f;
+  }
+  EXPECT_EQ(slurp(z + "/events.jsonl"), slurp(one + "/events.jsonl"));
+  const std::string log = slurp(z + "/train.log");
+  EXPECT_HAS(log, "memory: rank 2: optimizer state 0 bytes");  // 118528 < 2 x 64K
+  EXPECT_HAS(log, "memory: rank 0: optimizer state 786432 bytes");  // master, m, v of 64K
+}
+
+// The real tiny config: GPT-2 BPE Tiny Shakespeare, a 4-layer width-128 model (7.3M
+// parameters), 2 ranks x 1 micro-batch vs 1 process x 2, a few steps.
+TEST(DataParallel, TinyConfigTwoRanksEqualOneProcess) {
+  const std::string shared = ST_SHARED_DATA_DIR;
+  const std::string data = (tmp_root() / "tiny_data").string();
+  const std::string sets =
+      " --set data.train_path=" + data + "/gpt2_train_*.bin --set data.val_path=" + data +
+      "/gpt2_val_*.bin --set data.prepare_from=" + shared + "/tinyshakespeare.txt" +
+      " --set data.tokenizer_dir=" + shared + "/gpt2-tokenizer --set train.max_steps=3" +
+      " --set train.eval_batches=2 --set train.sample_tokens=0 --set hooks.every=0" +
+      " --set run.threads=1 --set train.grad_accum_mode=separate";
+  const std::string cfg = std::string(ST_SOURCE_DIR) + "/configs/tiny_shakespeare.yaml";
+  const Cmd a = train(0, cfg, sets + " --set run.out_dir=" + dir_of("tiny1") +
+                                  " --set train.grad_accum_steps=2");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const Cmd b = train(2, cfg, sets + " --set run.out_dir=" + dir_of("tiny2"));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_EQ(metrics(dir_of("tiny2")), metrics(dir_of("tiny1")));
+  std::printf("[ observed ] tiny config, 3 steps: losses %s\n",
+              nlohmann::json(losses(dir_of("tiny2"))).dump().c_str());
+}
+
+// A 2-rank ZeRO-1 checkpoint resumes on 2 ranks bit for bit; anything else is refused.
+TEST(DataParallel, ZeroCheckpointResumesExactlyOnTheSameRanks) {
+  const std::string zero = "dist: {zero: 1}\n";
+  const std::string full = run("z_full", 2, "fp32", 1, zero);
+  const std::string cfg = write_yaml("z_part", base_yaml(dir_of("z_part"), "fp32", 1, zero));
+  const Cmd a = train(2, cfg, "--stop-after 4");
+  ASSERT_EQ(a.code, 0) << a.out;
+  for (const char* f : {"ckpt_00000004.bin", "ckpt_00000004.rank0.bin", "ckpt_00000004.rank1.bin"})
+    EXPECT_TRUE(fs::exists(dir_of("z_part") + "/" + f)) << f;
+  const Cmd b = train(2, cfg, "--resume");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_EQ(metrics(dir_of("z_part")), metrics(full));
+  EXPECT_HAS(slurp(dir_of("z_part") + "/train.log"), "resumed from");
+
+  // Other rank counts and another dist.zero: refused, naming the fix; nothing changes.
+  const std::string before = slurp(dir_of("z_part") + "/metrics.jsonl");
+  const Cmd three = train(3, cfg, "--resume --set train.max_steps=12");
+  EXPECT_NE(three.code, 0);
+  EXPECT_HAS(three.out, "was written by 2 ranks, this job has 3: resume on 2 ranks (mpirun -np 2)");
+  const Cmd one = train(0, cfg, "--resume --set train.max_steps=12");
+  EXPECT_NE(one.code, 0);
+  EXPECT_HAS(one.out, "was written by 2 ranks, this job has 1");
+  const Cmd plain = train(2, cfg, "--resume --set train.max_steps=12 --set dist.zero=0");
+  EXPECT_NE(plain.code, 0);
+  EXPECT_HAS(plain.out, "was written with dist.zero 1, this run has dist.zero 0");
+  EXPECT_EQ(slurp(dir_of("z_part") + "/metrics.jsonl"), before);
+  // A shard that does not belong to the main file.
+  fs::copy_file(dir_of("z_full") + "/ckpt_00000004.rank1.bin",
+                dir_of("z_part") + "/ckpt_00000008.rank1.bin", fs::copy_options::overwrite_existing);
+  const Cmd mixed = train(2, cfg, "--resume --set train.max_steps=12");
+  EXPECT_NE(mixed.code, 0);
+  EXPECT_HAS(mixed.out, "holds step 4, rank 1 of 2");
+}
+
+// Failures: a rank that dies or hangs ends every rank within a bounded time with a clear
+// message; a rank dying while the checkpoint is written leaves no checkpoint that --resume
+// would take, and the resumed run ends with the uninterrupted run's weights.
+TEST(DataParallel, FailingRankEndsEveryRankAndLeavesNoHalfCheckpoint) {
+  const std::string zero = "dist: {zero: 1, timeout_s: 3}\n";
+  {
+    const std::string cfg = write_yaml("die", base_yaml(dir_of("die"), "fp32", 1, zero));
+    const Cmd c = train(2, cfg, "", "-x STABLETRAIN_FAULT=1:3:step:exit");
+    EXPECT_NE(c.code, 0);
+    EXPECT_HAS(c.out, "rank 1: injected fault at step 3");
+    EXPECT_LT(c.seconds, 20.0) << c.out;
+    std::printf("[ observed ] rank 1 exits at step 3: every rank gone after %.1f s\n", c.seconds);
+  }
+  {
+    const std::string cfg = write_yaml("hang", base_yaml(dir_of("hang"), "fp32", 1, zero));
+    const Cmd c = train(2, cfg, "", "-x STABLETRAIN_FAULT=1:3:step:hang");
+    EXPECT_NE(c.code, 0);
+    EXPECT_HAS(c.out, "train: error: rank 0 of 2: reduce-scatter of the losses of step 3 did not complete "
+                      "within dist.timeout_s = 3 s");
+    EXPECT_LT(c.seconds, 20.0) << c.out;
+    std::printf("[ observed ] rank 1 hangs at step 3 (timeout 3 s): every rank gone after %.1f s\n",
+                c.seconds);
+  }
+  {
+    const std::string cfg = write_yaml("err", base_yaml(dir_of("err"), "fp32", 1, zero));
+    const Cmd c = train(2, cfg, "", "-x STABLETRAIN_FAULT=1:2:step:error");
+    EXPECT_NE(c.code, 0);
+    EXPECT_HAS(c.out, "train: error: rank 1 of 2: injected failure at step 2");
+    EXPECT_LT(c.seconds, 20.0) << c.out;
+  }
+#ifdef ST_MPIEXEC
+  {  // One rank's config or data cannot be read (mpirun's MPMD form: two command lines).
+    const std::string good = write_yaml("mpmd", base_yaml(dir_of("mpmd"), "fp32", 1, zero));
+    const std::string mpi = std::string(ST_MPIEXEC) +
+                            " --allow-run-as-root --oversubscribe --bind-to none " +
+                            kContainerSafe + " -x OMP_NUM_THREADS=1";
+    const std::string bin = std::string(" -np 1 ") + ST_TRAIN_BIN + " --config ";
+    Cmd c = sh(mpi + bin + good + " :" + bin + dir_of("missing.yaml"));
+    EXPECT_NE(c.code, 0);
+    EXPECT_HAS(c.out, "train: error: cannot read config file");
+    EXPECT_LT(c.seconds, 20.0) << c.out;
+    c = sh(mpi + bin + good + " :" + bin + good + " --set data.train_path=" + dir_of("no.txt") +
+           " --overwrite");
+    EXPECT_NE(c.code, 0);
+    EXPECT_HAS(c.out, "train: error: rank 1 of 2: rank 1's config differs from rank 0's: "
+                      "data.train_path is '" + dir_of("no.txt"));
+    EXPECT_LT(c.seconds, 20.0) << c.out;
+  }
+#endif
+  // Death between the shards and the main file of checkpoint 4.
+  const std::string cfg = write_yaml("ck", base_yaml(dir_of("ck"), "fp32", 1, zero));
+  const Cmd c = train(2, cfg, "--set train.ckpt_every=2", "-x STABLETRAIN_FAULT=1:4:ckpt:exit");
+  EXPECT_NE(c.code, 0);
+  const std::string d = dir_of("ck");
+  EXPECT_TRUE(fs::exists(d + "/ckpt_00000002.bin"));
+  EXPECT_FALSE(fs::exists(d + "/ckpt_00000004.bin")) << "a checkpoint without all its shards";
+  EXPECT_EQ(latest_checkpoint(d), d + "/ckpt_00000002.bin");
+  const bool orphan = fs::exists(d + "/ckpt_00000004.rank0.bin");  // rank 0's shard, unused
+  const Cmd r = train(2, cfg, "--resume --set train.ckpt_every=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_HAS(slurp(d + "/train.log"), "resumed from " + d + "/ckpt_00000002.bin");
+  if (orphan) {
+    EXPECT_HAS(slurp(d + "/train.log"), "removing ckpt_00000004.rank0.bin");
+  }
+  // The same weights as one process that never failed (ZeRO-1 = 1 process, test above).
+  const std::string ref = run("ck_ref", 0, "fp32", 2);
+  EXPECT_EQ(master_of(d + "/ckpt_00000008.bin"), master_of(ref + "/ckpt_00000008.bin"));
+}
+
+TEST(DataParallel, BackendNoneUnderMpirunIsRefused) {
+  const std::string cfg =
+      write_yaml("none", base_yaml(dir_of("none"), "fp32", 1, "dist: {backend: none}\n"));
+  const Cmd c = train(2, cfg);
+  EXPECT_NE(c.code, 0);
+  EXPECT_HAS(c.out, "dist.backend is none, but mpirun started this process as rank");
+  EXPECT_FALSE(fs::exists(dir_of("none") + "/metrics.jsonl"));
+}
+
+#endif  // ST_MPIEXEC
+
+#else  // ST_DIST_GPU_TESTS: the NCCL communicator on the GPU, one rank
+
+namespace {
+void ck(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+}  // namespace
+
+TEST(NcclGpu, OneRankCollectivesOnDeviceBuffers) {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID",
+                        "SLURM_NTASKS", "RANK", "WORLD_SIZE"})
+    unsetenv(v);
+  int ndev = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&ndev), cudaSuccess) << "no CUDA device";
+  ASSERT_GT(ndev, 0) << "no CUDA device";
+  NcclOptions o;
+  o.bootstrap = "file";  // one rank: no peer to reach; the id stays local
+  o.rendezvous = (tmp_root() / "nccl_id").string();
+  o.timeout_s = 60;
+  std::unique_ptr<Communicator> c = make_nccl_comm(o);
+  ASSERT_TRUE(nccl_built());
+  EXPECT_EQ(c->name(), "nccl");
+  EXPECT_TRUE(c->device_buffers());
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->world(), 1);
+  const int n = 1000;
+  std::vector<float> h(n);
+  for (int i = 0; i < n; ++i) h[i] = 0.5f * i - 3.0f;
+  float* d = nullptr;
+  ck(cudaMalloc(&d, n * sizeof(float)));
+  ck(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  const Partition p(n, 1);
+  c->all_reduce(d, n, DType::F32, DType::F32, "test all-reduce");
+  c->reduce_scatter(d, p, DType::F32, DType::F32, "test reduce-scatter");
+  c->all_gather(d, p, DType::F32, "test all-gather");
+  c->broadcast(d, n * sizeof(float), 0, "test broadcast");
+  c->barrier("test barrier");
+  std::vector<float> back(n);
+  ck(cudaMemcpy(back.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, h) << "one rank: every collective is the identity";
+  // bf16 device storage.
+  uint16_t* b = nullptr;
+  ck(cudaMalloc(&b, n * sizeof(uint16_t)));
+  std::vector<uint16_t> hb(n);
+  for (int i = 0; i < n; ++i) hb[i] = static_cast<uint16_t>(0x3f80 + i % 64);
+  ck(cudaMemcpy(b, hb.data(), n * 2, cudaMemcpyHostToDevice));
+  c->all_reduce(b, n, DType::BF16, DType::BF16, "test bf16 all-reduce");
+  std::vector<uint16_t> bb(n);
+  ck(cudaMemcpy(bb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(bb, hb);
+  double x[3] = {1.5, -2.0, 1e300};
+  c->all_reduce_host(x, 3, "test host all-reduce");
+  EXPECT_EQ(x[0], 1.5);
+  EXPECT_EQ(x[2], 1e300);
+  // FP32 storage of bf16 values (the CPU emulation) cannot go through NCCL.
+  EXPECT_THROW(c->all_reduce(d, n, DType::F32, DType::BF16, "x"), Error);
+  c->finalize();
+  cudaFree(d);
+  cudaFree(b);
+}
+
+#endif  // ST_DIST_GPU_TESTS
+
+namespace {
+class CleanTmp : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(tmp_root()); }
+};
+const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
+}  // namespace
