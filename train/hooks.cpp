@@ -66,7 +66,15 @@ int gram_start(const float* A, int64_t ld, int64_t m, int64_t n, std::vector<dou
     for (int64_t j = i; j < k; ++j) G[i * k + j] = G[j * k + i] = acc[j - i];
   }
   std::vector<double> x(static_cast<size_t>(k)), y(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) x[i] = cols ? v[i] : 1.0 + 1e-3 * static_cast<double>(i % 7);
+  for (int64_t i = 0; i < k; ++i) {  // the random v, or A v for the left side
+    if (cols) {
+      x[i] = v[i];
+    } else {
+      double a = 0;
+      for (int64_t j = 0; j < n; ++j) a += A[i * ld + j] * v[j];
+      x[i] = a;
+    }
+  }
   double nx = norm2(x);
   for (auto& e : x) e /= nx;
   int it = 0;
