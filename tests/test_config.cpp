@@ -2,6 +2,8 @@
 // the list of keys are written out here by hand, independently of the schema table in
 // config.cpp, so a key missing from the schema or a wrong default shows up as a failure.
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -109,15 +111,7 @@ std::vector<std::string> diff(const Config& a, const Config& b) {
 }
 
 // The st::Error message `f` throws; fails the test when it throws nothing.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no st::Error thrown";
-  return "";
-}
+std::string error_of(const std::function<void()>& f) { return st::test::error_message_of<Error>(f); }
 
 // Error from parsing `yaml` (or applying `overrides`); checks the one-line, file-first form.
 std::string parse_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {

@@ -50,14 +50,7 @@ Gpt2Tokenizer& tok() {
   return t;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string error_of(const std::function<void()>& f) { return st::test::error_message_of<Error>(f); }
 
 struct Cmd {
   int code;
@@ -405,10 +398,3 @@ TEST(Loader, RanksPartitionEachEpochEqually) {
   EXPECT_EQ(static_cast<int64_t>(seen.size()), per_rank * world);
 }
 
-namespace {
-class CleanTmp : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(tmp()); }
-};
-const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
-}  // namespace

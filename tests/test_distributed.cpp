@@ -609,10 +609,3 @@ TEST(NcclGpu, OneRankCollectivesOnDeviceBuffers) {
 
 #endif  // ST_DIST_GPU_TESTS
 
-namespace {
-class CleanTmp : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(tmp_root()); }
-};
-const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
-}  // namespace

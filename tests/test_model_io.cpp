@@ -34,14 +34,7 @@ const fs::path& tmp() {
 }
 
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string error_of(const std::function<void()>& f) { return st::test::error_message_of<Error>(f); }
 
 // Odd sizes; random values everywhere, padded vocabulary rows included.
 ModelWeights random_weights(uint64_t seed) {
@@ -366,10 +359,3 @@ TEST(TrainGpt2, MissingVocabularyIsAClearError) {
   std::printf("  %s", r.err.c_str());
 }
 
-namespace {
-class CleanTmp : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(tmp()); }
-};
-const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
-}  // namespace

@@ -507,12 +507,3 @@ TEST(RealHooks, ReportOnARunWithHooksEvery5) {
   for (size_t i = 0; i < svgs.size(); ++i) EXPECT_TRUE(draws(svgs[i])) << "chart " << i;
 }
 
-namespace {
-class CleanTmp : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (!std::getenv("ST_KEEP_REPORT_TEST")) fs::remove_all(tmp_root());
-  }
-};
-const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
-}  // namespace

@@ -34,14 +34,7 @@ std::vector<std::string> pieces(const std::string& s) {
   return std::vector<std::string>(v.begin(), v.end());
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string error_of(const std::function<void()>& f) { return st::test::error_message_of<Error>(f); }
 
 using V = std::vector<int32_t>;
 using S = std::vector<std::string>;

@@ -176,10 +176,3 @@ TEST(TokenizerVsNode, EveryCodePointClass) {
               (long long)counts[2], (long long)differ);
 }
 
-namespace {
-class CleanTmp : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(tmp()); }
-};
-const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
-}  // namespace

@@ -219,14 +219,6 @@ TEST(TrainBadInput, NanLossStopsAndKeepsLastGoodCheckpoint) {
   EXPECT_GE(s.step, 1);
 }
 
-namespace {
-// Removes the runs this test program wrote.
-class CleanTmp : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(tmp_root()); }
-};
-const auto* const kCleanTmp = ::testing::AddGlobalTestEnvironment(new CleanTmp);
-}  // namespace
 
 // device: cuda where no GPU can be used (this test runs in the CPU suite): one clear line,
 // nothing written.

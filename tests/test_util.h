@@ -3,10 +3,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <list>
 #include <string>
 
 #include "core/rng.h"
@@ -20,13 +24,36 @@ inline std::string slurp(const std::filesystem::path& p) {
 }
 
 // A fresh directory under the system temp dir, unique to this process (emptied if left
-// over from an earlier process with the same pid).
+// over from an earlier process with the same pid), removed when the test program exits
+// (set ST_KEEP_TEST_DIRS=1 to keep it for a look).
 inline std::filesystem::path make_scratch_dir(const std::string& prefix) {
+  struct RemoveAtExit {
+    std::filesystem::path dir;
+    ~RemoveAtExit() {
+      std::error_code ec;
+      if (!std::getenv("ST_KEEP_TEST_DIRS")) std::filesystem::remove_all(dir, ec);
+    }
+  };
+  static std::list<RemoveAtExit> made;  // destroyed at exit, after every test has run
   const std::filesystem::path d =
       std::filesystem::temp_directory_path() / (prefix + std::to_string(getpid()));
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
+  made.emplace_back();  // no temporary: its destructor would remove the directory now
+  made.back().dir = d;
   return d;
+}
+
+// The message of the st::Error that f throws; a test failure (and "(no error)") if none.
+template <class Error>
+std::string error_message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "(no error)";
 }
 
 // Runs a shell command; its exit status, or -1 if it did not exit normally.
