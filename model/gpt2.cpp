@@ -45,6 +45,22 @@ int64_t num_parameters(const GPT2Config& c) {
   return n;
 }
 
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::kNone;
+  if (s == "gelu") return Recompute::kGelu;
+  if (s == "gelu_layernorm") return Recompute::kGeluLayernorm;
+  fail("train.recompute: unknown value '", s, "' (expected none, gelu or gelu_layernorm)");
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kGelu: return "gelu";
+    case Recompute::kGeluLayernorm: return "gelu_layernorm";
+  }
+  return "?";
+}
+
 namespace {
 bool is_decayed(int id) {  // 2-D weights; biases and layernorm parameters are not decayed
   return id == kWte || id == kWpe || id == kQkvw || id == kAttprojw || id == kFcw ||
@@ -209,7 +225,9 @@ void GPT2::ensure_acts(int B, int T) {
   a.tokens = Tensor::empty({B, T}, DType::I32);
   a.targets = Tensor::empty({B, T}, DType::I32);
   a.encoded = act({B, T, C});
-  a.ln1 = act({L, B, T, C});
+  const int64_t Lln = recompute_ == Recompute::kGeluLayernorm ? 1 : L;  // ln1/ln2 buffers
+  const int64_t Lgelu = recompute_ == Recompute::kNone ? L : 1;
+  a.ln1 = act({Lln, B, T, C});
   a.ln1_mean = stat({L, B, T});
   a.ln1_rstd = stat({L, B, T});
   a.qkv = act({L, B, T, 3 * C});
@@ -217,11 +235,11 @@ void GPT2::ensure_acts(int B, int T) {
   a.lse = stat({L, B, NH, T});
   a.attproj = act({L, B, T, C});
   a.residual2 = act({L, B, T, C});
-  a.ln2 = act({L, B, T, C});
+  a.ln2 = act({Lln, B, T, C});
   a.ln2_mean = stat({L, B, T});
   a.ln2_rstd = stat({L, B, T});
   a.fch = act({L, B, T, 4 * C});
-  a.fch_gelu = act({L, B, T, 4 * C});
+  a.fch_gelu = act({Lgelu, B, T, 4 * C});
   a.fcproj = act({L, B, T, C});
   a.residual3 = act({L, B, T, C});
   a.lnf = act({B, T, C});
@@ -237,6 +255,25 @@ void GPT2::ensure_acts(int B, int T) {
   acts_ = std::move(a);
 }
 
+void GPT2::set_recompute(Recompute r) {
+  if (r == recompute_) return;
+  recompute_ = r;
+  acts_ = Acts{};  // reallocated with the new layout at the next forward
+  has_targets_ = false;
+}
+
+size_t GPT2::activation_bytes() const {
+  const Acts& a = acts_;
+  size_t n = 0;
+  for (const Tensor* t :
+       {&a.encoded, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.atty, &a.lse, &a.attproj,
+        &a.residual2, &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.fcproj,
+        &a.residual3, &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.logits, &a.losses, &a.dresidual,
+        &a.dbtc, &a.dbt4c, &a.dqkv, &a.datty})
+    if (t->defined()) n += t->nbytes();
+  return n;
+}
+
 Tensor GPT2::residual_in(int l) const { return l == 0 ? acts_.encoded : acts_.residual3[l - 1]; }
 
 float GPT2::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
@@ -249,17 +286,17 @@ float GPT2::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
   std::copy(tokens, tokens + B * T, a.tokens.data<int32_t>());
   be_.encoder_forward(a.encoded, a.tokens, params_[kWte], params_[kWpe], f);
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    be_.layernorm_forward(a.ln1[l], a.ln1_mean[l], a.ln1_rstd[l], residual_in(l),
+    be_.layernorm_forward(ln1(l), a.ln1_mean[l], a.ln1_rstd[l], residual_in(l),
                           params_[kLn1w][l], params_[kLn1b][l], f);
-    be_.matmul_forward(a.qkv[l], a.ln1[l], params_[kQkvw][l], params_[kQkvb][l], f);
+    be_.matmul_forward(a.qkv[l], ln1(l), params_[kQkvw][l], params_[kQkvb][l], f);
     attn_[l]->forward(a.atty[l], a.lse[l], a.qkv[l], cfg_.n_head, f);
     be_.matmul_forward(a.attproj[l], a.atty[l], params_[kAttprojw][l], params_[kAttprojb][l], f);
     be_.residual_forward(a.residual2[l], residual_in(l), a.attproj[l], f);
-    be_.layernorm_forward(a.ln2[l], a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l],
+    be_.layernorm_forward(ln2(l), a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l],
                           params_[kLn2w][l], params_[kLn2b][l], f);
-    be_.matmul_forward(a.fch[l], a.ln2[l], params_[kFcw][l], params_[kFcb][l], f);
-    be_.gelu_forward(a.fch_gelu[l], a.fch[l], f);
-    be_.matmul_forward(a.fcproj[l], a.fch_gelu[l], params_[kFcprojw][l], params_[kFcprojb][l], f);
+    be_.matmul_forward(a.fch[l], ln2(l), params_[kFcw][l], params_[kFcb][l], f);
+    be_.gelu_forward(fch_gelu(l), a.fch[l], f);
+    be_.matmul_forward(a.fcproj[l], fch_gelu(l), params_[kFcprojw][l], params_[kFcprojb][l], f);
     be_.residual_forward(a.residual3[l], a.residual2[l], a.fcproj[l], f);
   }
   be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3[cfg_.n_layer - 1],
@@ -313,20 +350,29 @@ void GPT2::backward(int grad_accum_steps) {
   be_.layernorm_backward(a.dresidual, G[kLnfw], G[kLnfb], a.dbtc, a.residual3[last],
                          params_[kLnfw], a.lnf_mean, a.lnf_rstd, f);
   for (int l = last; l >= 0; --l) {
+    // Recomputation: the same kernels on the same inputs rewrite the forward's bits (the
+    // layernorm's mean and rstd are rewritten with identical values).
+    if (recompute_ != Recompute::kNone) be_.gelu_forward(fch_gelu(l), a.fch[l], f);
+    if (recompute_ == Recompute::kGeluLayernorm) {
+      be_.layernorm_forward(ln2(l), a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l],
+                            params_[kLn2w][l], params_[kLn2b][l], f);
+      be_.layernorm_forward(ln1(l), a.ln1_mean[l], a.ln1_rstd[l], residual_in(l),
+                            params_[kLn1w][l], params_[kLn1b][l], f);
+    }
     // a.dresidual holds d(residual3[l]) = d(fcproj[l]).
     be_.matmul_backward(a.dbt4c, G[kFcprojw][l], G[kFcprojb][l], a.dresidual,
-                        a.fch_gelu[l], params_[kFcprojw][l], f);
+                        fch_gelu(l), params_[kFcprojw][l], f);
     be_.gelu_backward(a.dbt4c, a.fch[l], a.dbt4c, f);
-    be_.matmul_backward(a.dbtc, G[kFcw][l], G[kFcb][l], a.dbt4c, a.ln2[l],
+    be_.matmul_backward(a.dbtc, G[kFcw][l], G[kFcb][l], a.dbt4c, ln2(l),
                         params_[kFcw][l], f);
     be_.layernorm_backward(a.dresidual, G[kLn2w][l], G[kLn2b][l], a.dbtc,
                            a.residual2[l], params_[kLn2w][l], a.ln2_mean[l], a.ln2_rstd[l], f);
     // a.dresidual now holds d(residual2[l]) = d(attproj[l]).
     be_.matmul_backward(a.datty, G[kAttprojw][l], G[kAttprojb][l], a.dresidual,
                         a.atty[l], params_[kAttprojw][l], f);
-    if (observer_) observer_(AttentionTaps{l, a.qkv[l], a.atty[l], a.datty, a.ln1[l]});
+    if (observer_) observer_(AttentionTaps{l, a.qkv[l], a.atty[l], a.datty, ln1(l)});
     attn_[l]->backward(a.dqkv, a.datty, a.qkv[l], a.atty[l], a.lse[l], cfg_.n_head, f);
-    be_.matmul_backward(a.dbtc, G[kQkvw][l], G[kQkvb][l], a.dqkv, a.ln1[l],
+    be_.matmul_backward(a.dbtc, G[kQkvw][l], G[kQkvb][l], a.dqkv, ln1(l),
                         params_[kQkvw][l], f);
     be_.layernorm_backward(a.dresidual, G[kLn1w][l], G[kLn1b][l], a.dbtc,
                            residual_in(l), params_[kLn1w][l], a.ln1_mean[l], a.ln1_rstd[l], f);

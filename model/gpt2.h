@@ -68,6 +68,16 @@ enum class GradAccumMode { kFused, kSeparate };
 // multiples of it.
 inline constexpr int64_t kSumSquaresChunk = int64_t(1) << 16;
 
+// Activation recomputation (train.recompute), llm.c's recompute levels: what backward()
+// recomputes instead of keeping from forward(). Every kernel is deterministic, so the
+// recomputed values are the forward's bits and losses, gradients and weights are unchanged;
+// only memory changes. kGelu keeps one (B,T,4C) GELU output for all layers instead of L;
+// kGeluLayernorm also keeps one (B,T,C) buffer each for the ln1 and ln2 outputs (their
+// mean and rstd stay per layer).
+enum class Recompute { kNone, kGelu, kGeluLayernorm };
+Recompute parse_recompute(const std::string& s);  // none | gelu | gelu_layernorm
+const char* recompute_name(Recompute r);
+
 struct OptimConfig {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.0f;  // applied to 2-D weights only (wte, wpe, qkvw, ...)
@@ -132,6 +142,11 @@ class GPT2 {
   // the sum as set_grad_accum_mode says (default kFused).
   void backward(int grad_accum_steps = 1);
   void set_grad_accum_mode(GradAccumMode m) { accum_mode_ = m; }
+  // Takes effect at the next forward (activations are reallocated).
+  void set_recompute(Recompute r);
+  Recompute recompute() const { return recompute_; }
+  // Bytes of activation and backward-scratch tensors allocated for the current B and T.
+  size_t activation_bytes() const;
   GradAccumMode grad_accum_mode() const { return accum_mode_; }
   // Clip, AdamW with lr, zero nothing (call zero_grad before the next accumulation).
   // sum_squares: grad_sum_squares() when the caller already has it (saves a pass); required
@@ -191,6 +206,10 @@ class GPT2 {
   };
   void ensure_acts(int B, int T);
   Tensor residual_in(int layer) const;
+  // Layer l's activations that recomputation may share between layers.
+  Tensor ln1(int l) const { return recompute_ == Recompute::kGeluLayernorm ? acts_.ln1[0] : acts_.ln1[l]; }
+  Tensor ln2(int l) const { return recompute_ == Recompute::kGeluLayernorm ? acts_.ln2[0] : acts_.ln2[l]; }
+  Tensor fch_gelu(int l) const { return recompute_ != Recompute::kNone ? acts_.fch_gelu[0] : acts_.fch_gelu[l]; }
 
   GPT2Config cfg_;
   Backend& be_;
@@ -205,6 +224,7 @@ class GPT2 {
   int64_t shard_begin_ = 0, shard_end_ = 0;
   bool separate_master_ = false;
   GradAccumMode accum_mode_ = GradAccumMode::kFused;
+  Recompute recompute_ = Recompute::kNone;
   bool grads_zero_ = true;  // no backward since zero_grad()
   Tensor scratch_flat_;     // kSeparate: a later micro-batch's gradient
   std::array<Tensor, kNumParams> scratch_;

@@ -105,6 +105,52 @@ TEST(Model, TrainingIsBitForBitDeterministic) {
   }
 }
 
+// Recomputed activations are the forward's bits: losses, gradients and weights of a few
+// steps are identical with and without recomputation, and less activation memory is held.
+TEST(Model, RecomputationChangesMemoryNotBits) {
+  const Recompute modes[] = {Recompute::kNone, Recompute::kGelu, Recompute::kGeluLayernorm};
+  for (DType prec : {DType::F32, DType::BF16}) {
+    std::vector<float> losses[3], weights[3];
+    std::vector<double> grads[3];
+    size_t bytes[3] = {};
+    for (int r = 0; r < 3; ++r) {
+      auto be = make_cpu_backend();
+      GPT2 m(tiny(), *be, prec);
+      m.set_recompute(modes[r]);
+      m.init_weights(3);
+      std::vector<int32_t> tok, tgt;
+      OptimConfig opt;
+      opt.weight_decay = 0.1f;
+      for (int s = 0; s < 3; ++s) {
+        batch(tok, tgt, 2 * 11, 61, 200 + s);
+        m.zero_grad();
+        losses[r].push_back(m.forward(tok.data(), tgt.data(), 2, 11));
+        m.backward();
+        if (s == 2) grads[r] = flat_grads(m);
+        m.step(1e-2f, opt);
+      }
+      weights[r] = m.master_fp32();
+      bytes[r] = m.activation_bytes();
+      EXPECT_EQ(m.recompute(), modes[r]);
+    }
+    for (int r = 1; r < 3; ++r) {
+      const char* name = recompute_name(modes[r]);
+      EXPECT_EQ(0, std::memcmp(losses[0].data(), losses[r].data(), 3 * sizeof(float)))
+          << dtype_name(prec) << " " << name;
+      EXPECT_EQ(grads[0], grads[r]) << dtype_name(prec) << " " << name;
+      ASSERT_EQ(weights[0].size(), weights[r].size());
+      EXPECT_EQ(0, std::memcmp(weights[0].data(), weights[r].data(), weights[0].size() * 4))
+          << dtype_name(prec) << " " << name;
+    }
+    // tiny(): L = 2, C = 24, B*T = 22; storage 4 bytes (FP32 storage on the CPU backend).
+    const size_t btc = 22 * 24 * 4;
+    EXPECT_EQ(bytes[0] - bytes[1], (2 - 1) * 4 * btc);      // one GELU output instead of L
+    EXPECT_EQ(bytes[1] - bytes[2], 2 * (2 - 1) * btc);      // one ln1 and one ln2 buffer
+  }
+  EXPECT_EQ(parse_recompute("gelu_layernorm"), Recompute::kGeluLayernorm);
+  EXPECT_THROW(parse_recompute("all"), Error);
+}
+
 TEST(Model, Bf16ModeKeepsParamsRoundedAndMasterFp32) {
   auto be = make_cpu_backend();
   GPT2 m(tiny(), *be, DType::BF16);

@@ -107,6 +107,9 @@ const Key kSchema[] = {
     {ST_KEY(train, grad_accum_mode), any(),
      "micro-batch gradients: fused into the buffer, or separate (one add each: the DP sum)",
      "fused|separate"},
+    {ST_KEY(train, recompute), any(),
+     "activations recomputed in backward instead of kept (memory; same bits)",
+     "none|gelu|gelu_layernorm"},
 
     {ST_KEY(precision, compute), any(), "compute precision; fp64: reference",
      "fp32|bf16|fp16|fp64"},

@@ -60,6 +60,7 @@ struct TrainSection {
   // gradient is formed from zero, then added with one add + rounding: the arithmetic of the
   // data-parallel reduction, docs/distributed.md).
   std::string grad_accum_mode = "fused";
+  std::string recompute = "none";  // activation recomputation (model/gpt2.h Recompute)
 };
 
 struct PrecisionSection {

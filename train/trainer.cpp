@@ -537,6 +537,7 @@ void Run::build() {
   model_ = std::make_unique<GPT2>(mc, *be_, parse_dtype(cfg_.precision.compute), ac, ls, shard);
   model_->set_grad_accum_mode(cfg_.train.grad_accum_mode == "separate" ? GradAccumMode::kSeparate
                                                                        : GradAccumMode::kFused);
+  model_->set_recompute(parse_recompute(cfg_.train.recompute));
   if (master_is_sharded() && lead()) model_->set_master_source([this] { return master_cache_; });
   model_->init_weights(cfg_.run.seed);
   if (!init.params.empty()) model_->set_master_fp32(init.params);
