@@ -28,6 +28,13 @@ struct AdamWArgs {
   float grad_scale = 1.0f;    // multiply the stored gradient by this (1/loss_scale * clip)
 };
 
+// Device memory of a backend (the CUDA arena); all zero on the CPU backend.
+struct MemoryStats {
+  size_t in_use = 0;    // bytes handed out and not yet released
+  size_t peak = 0;      // largest in_use since creation or the last reset_peak_memory()
+  size_t reserved = 0;  // bytes reserved from the driver
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -43,6 +50,8 @@ class Backend {
   // (the CPU's FP32 storage of BF16/FP16 values). Default: copy() (storage == fmt).
   virtual void round_copy(const Tensor& dst, const Tensor& src, DType fmt) { copy(dst, src); }
   virtual void synchronize() {}
+  virtual MemoryStats memory() const { return {}; }
+  virtual void reset_peak_memory() {}
 
   // out (B,T,C) = wte[tokens] + wpe[0:T]; tokens int32 (B,T) on the host.
   virtual void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,

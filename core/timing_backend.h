@@ -24,6 +24,8 @@ class TimingBackend : public Backend {
   DType storage_dtype(DType f) const override { return in_.storage_dtype(f); }
   Tensor alloc(const Shape& s, DType d) override { return in_.alloc(s, d); }
   void synchronize() override { in_.synchronize(); }
+  MemoryStats memory() const override { return in_.memory(); }
+  void reset_peak_memory() override { in_.reset_peak_memory(); }
   void zero(const Tensor& t) override { time("zero", [&] { in_.zero(t); }); }
   void copy(const Tensor& d, const Tensor& s) override { time("copy", [&] { in_.copy(d, s); }); }
   void round_copy(const Tensor& d, const Tensor& s, DType f) override {

@@ -99,4 +99,9 @@ ArenaStats DeviceArena::stats() const {
   return stats_;
 }
 
+void DeviceArena::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_in_use_bytes = stats_.in_use_bytes;
+}
+
 }  // namespace st

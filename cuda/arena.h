@@ -50,6 +50,7 @@ class DeviceArena {
   void* allocate(size_t bytes);
   void release(void* p) noexcept;
   ArenaStats stats() const;
+  void reset_peak();  // peak_in_use_bytes = in_use_bytes
 
   static constexpr size_t kAlign = 256;
 

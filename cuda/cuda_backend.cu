@@ -3,13 +3,14 @@
 // checks shapes, dtypes (compute-format operands in storage fmt, statistics / master
 // weights / Adam moments in FP32) and aliasing, then enqueues on the backend's one stream.
 // BF16/FP16 values are stored as real 16-bit data on the GPU (storage_dtype is the
-// identity); FP64 has no GPU mode. Attention is a later issue and throws, naming it, so a
-// run can never silently fall back to something else.
+// identity); FP64 has no GPU mode. make_attention hands out the CUDA attention backends
+// (cuda/attention_cuda.h), one per layer.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "cuda/attention_cuda.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
@@ -188,6 +189,17 @@ const void* CudaBackend::fetch_small(const void* dev, size_t bytes) {
   ST_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return pinned_result_;
 }
+
+MemoryStats CudaBackend::memory() const {
+  const ArenaStats a = arena_->stats();
+  MemoryStats m;
+  m.in_use = a.in_use_bytes;
+  m.peak = a.peak_in_use_bytes;
+  m.reserved = a.reserved_bytes;
+  return m;
+}
+
+void CudaBackend::reset_peak_memory() { arena_->reset_peak(); }
 
 void CudaBackend::zero(const Tensor& t) {
   ST_CHECK(t.defined(), "zero: undefined tensor");
@@ -620,10 +632,9 @@ void CudaBackend::adamw_update(const Tensor& master, const Tensor& param, const 
                stream_);
 }
 
-std::unique_ptr<Attention> CudaBackend::make_attention(const AttentionConfig&) {
-  fail(
-      "CUDA backend: make_attention is not implemented yet (issue 8: baseline attention on "
-      "the GPU); attention runs on the CPU backend only (device: cpu)");
+std::unique_ptr<Attention> CudaBackend::make_attention(const AttentionConfig& cfg) {
+  if (cfg.kind == AttentionKind::Baseline) return make_attention_cuda_baseline(*this, cfg);
+  return make_attention_cuda_flash(*this, cfg);
 }
 
 bool cuda_available() {

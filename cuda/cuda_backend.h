@@ -28,8 +28,10 @@ void cuda_convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, 
                   cudaStream_t stream);
 bool cuda_can_convert(DType dst_dtype, DType src_dtype);
 
-// One cuBLASLt GEMM in column-major terms: D (m,n) = op(A) (m,k) . op(B) (k,n) [+ bias (m)]
-// [+ D when beta = 1]. All operands in storage `dtype`; FP32 compute. See matmul.cu.
+// One cuBLASLt GEMM in column-major terms: D (m,n) = alpha * op(A) (m,k) . op(B) (k,n)
+// [+ bias (m)] [+ D when beta = 1]. All operands in storage `dtype`; FP32 compute. See
+// matmul.cu. Strided-batched when batch > 1: product i reads A + i * stride_a, B + i *
+// stride_b and writes D + i * stride_d (strides in elements; no bias then).
 struct GemmOp {
   bool transa = false, transb = false;
   int64_t m = 0, n = 0, k = 0;
@@ -39,16 +41,20 @@ struct GemmOp {
   int64_t ldb = 0;
   void* D = nullptr;
   int64_t ldd = 0;
-  float beta = 0.0f;  // 0 (overwrite) or 1 (accumulate into D)
+  float alpha = 1.0f;  // scales the FP32 product before the store's one rounding
+  float beta = 0.0f;   // 0 (overwrite) or 1 (accumulate into D)
   const void* bias = nullptr;
   DType dtype = DType::BF16;
+  int64_t batch = 1;  // number of products (strided-batched when > 1)
+  int64_t stride_a = 0, stride_b = 0, stride_d = 0;
 };
 
 // Row-major GEMMs on cuBLASLt (matmul.cu): the forward out (N,OC) = inp (N,C) .
 // weight (OC,C)^T + bias (OC) and the two backward products. dtype is the storage of every
 // operand: BF16/F16 (FP32 compute, one rounding at the store, bias and beta*C added in FP32)
 // or F32 (plain FP32, no TF32). One plan (descriptors + algorithm) is cached per shape,
-// transposes, dtype, beta and pointer alignment.
+// transposes, dtype, beta, batch count and strides, and pointer alignment (alpha is a
+// runtime argument of every call, not part of a plan).
 class LtGemm {
  public:
   LtGemm();
@@ -71,9 +77,10 @@ class LtGemm {
  private:
   struct Plan;
   // (transa, transb, m, n, k, lda, ldb, ldd, dtype, has_bias, accumulate, alignment of A, B,
-  // C/D, bias)
+  // C/D, bias, batch, stride_a, stride_b, stride_d); the alignments of a batched operand
+  // hold for every product (the pointer's and the stride's in bytes).
   using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                         bool, bool, int, int, int, int>;
+                         bool, bool, int, int, int, int, int64_t, int64_t, int64_t, int64_t>;
   Plan& plan(const Key& key, const void* bias);
 
   cublasLtHandle_t handle_ = nullptr;
@@ -138,6 +145,10 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_index_; }
   ArenaStats memory_stats() const { return arena_->stats(); }
+  MemoryStats memory() const override;
+  void reset_peak_memory() override;
+  // The backend's cuBLASLt GEMMs (attention's batched products use them too).
+  LtGemm& gemm() { return *gemm_; }
 
  private:
   void copy_convert(const Tensor& dst, const Tensor& src);

@@ -24,10 +24,17 @@
 // Determinism: one algorithm is chosen per plan (shape, transposes, dtype, beta, pointer
 // alignments) and cached, and cuBLASLt's algorithms give bit-identical results run to run
 // on one GPU for a fixed algorithm and workspace (checked by the gpu tests).
+// Strided-batched products (GemmOp::batch > 1, the attention's per-head GEMMs) set
+// CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT and _STRIDED_BATCH_OFFSET on A, B and D; every product
+// of the batch is computed and rounded exactly as a single GEMM of that shape would be.
+// alpha (GemmOp::alpha, default 1) scales the FP32 accumulator before the store's one
+// rounding: D = round(fl32(alpha * acc)) [+ bias / + beta * C in FP32 before the rounding].
 // No GELU epilogue: cuBLASLt's GELU is its own approximation, not the CPU's tanhf formula,
 // and the Backend interface keeps matmul and GELU separate calls.
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "cuda/cuda_backend.h"
@@ -77,6 +84,25 @@ int alignment(const void* p) {
   return al;
 }
 
+// The alignment every product of a strided batch has: that of the first pointer and of the
+// stride in bytes (a single GEMM: the pointer's).
+int batch_alignment(const void* p, int64_t batch, int64_t stride_elems, DType dtype) {
+  const int al = alignment(p);
+  if (batch <= 1) return al;
+  const uintptr_t stride_bytes = static_cast<uintptr_t>(stride_elems) * dtype_size(dtype);
+  return std::min(al, alignment(reinterpret_cast<const void*>(stride_bytes)));
+}
+
+// A strided batch on one matrix layout (batch 1: nothing set, as a single GEMM).
+void set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride_elems) {
+  if (batch <= 1) return;
+  const int32_t count = static_cast<int32_t>(batch);
+  ST_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                 &count, sizeof(count)));
+  ST_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride_elems, sizeof(stride_elems)));
+}
+
 template <class T>
 void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& v) {
   ST_CUDA_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &v, sizeof(v)));
@@ -111,7 +137,7 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const void* bias) {
   if (it != plans_.end()) return *it->second;
 
   const auto [transa, transb, m, n, k, lda, ldb, ldd, dtype_int, has_bias, accumulate, align_a,
-              align_b, align_d, align_bias] = key;
+              align_b, align_d, align_bias, batch, stride_a, stride_b, stride_d] = key;
   const DType dtype = static_cast<DType>(dtype_int);
   const cudaDataType_t type = cuda_type(dtype);
   auto p = std::make_unique<Plan>();
@@ -129,6 +155,9 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const void* bias) {
   ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, transa ? k : m, transa ? m : k, lda));
   ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, transb ? n : k, transb ? k : n, ldb));
   ST_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->d, type, m, n, ldd));
+  set_batch(p->a, batch, stride_a);
+  set_batch(p->b, batch, stride_b);
+  set_batch(p->d, batch, stride_d);
 
   cublasLtMatmulPreference_t pref = nullptr;
   ST_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -155,7 +184,8 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const void* bias) {
          " k=", k, " op(A)=", transa ? "T" : "N", " op(B)=", transb ? "T" : "N", " lda=", lda,
          " ldb=", ldb, " ldd=", ldd, has_bias ? " with bias" : "",
          accumulate ? " accumulating (beta = 1)" : "", " (alignments A/B/D/bias ", align_a, "/",
-         align_b, "/", align_d, "/", align_bias, " bytes)");
+         align_b, "/", align_d, "/", align_bias, " bytes)", " batch ", batch, " strides A/B/D ",
+         stride_a, "/", stride_b, "/", stride_d);
   }
   p->algo = result.algo;
   return *plans_.emplace(key, std::move(p)).first->second;
@@ -166,7 +196,12 @@ void LtGemm::matmul(const GemmOp& g, cudaStream_t stream) {
   if (g.n == 0) return;
   ST_CHECK(g.A && g.B && g.D, "null device pointer in GEMM");
   ST_CHECK(g.beta == 0.0f || g.beta == 1.0f, "GEMM beta must be 0 or 1, got ", g.beta);
+  ST_CHECK(g.batch >= 1 && g.batch <= INT32_MAX, "GEMM batch count ", g.batch);
+  ST_CHECK(g.batch == 1 || (g.stride_a >= 0 && g.stride_b >= 0 && g.stride_d > 0),
+           "GEMM batch strides A/B/D ", g.stride_a, "/", g.stride_b, "/", g.stride_d);
+  ST_CHECK(g.batch == 1 || g.bias == nullptr, "GEMM: no bias with a strided batch");
   const bool accumulate = g.beta != 0.0f;
+  const bool batched = g.batch > 1;
   const Key key{g.transa,
                 g.transb,
                 g.m,
@@ -178,13 +213,17 @@ void LtGemm::matmul(const GemmOp& g, cudaStream_t stream) {
                 static_cast<int>(g.dtype),
                 g.bias != nullptr,
                 accumulate,
-                alignment(g.A),
-                alignment(g.B),
-                alignment(g.D),
-                g.bias ? alignment(g.bias) : 0};
+                batch_alignment(g.A, g.batch, g.stride_a, g.dtype),
+                batch_alignment(g.B, g.batch, g.stride_b, g.dtype),
+                batch_alignment(g.D, g.batch, g.stride_d, g.dtype),
+                g.bias ? alignment(g.bias) : 0,
+                g.batch,
+                batched ? g.stride_a : 0,
+                batched ? g.stride_b : 0,
+                batched ? g.stride_d : 0};
   Plan& p = plan(key, g.bias);
   if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-  const float alpha = 1.0f;
+  const float alpha = g.alpha;
   // beta = 0: C is not read; beta = 1: C = D, accumulated in place in FP32, rounded once.
   ST_CUDA_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d, g.D,
                                p.d, &p.algo, workspace_, workspace_bytes_, stream));

@@ -1,4 +1,5 @@
 // bench: speed of one training step (forward, backward, AdamW) of GPT-2 shapes on the CPU.
+// (`bench train`, tools/bench_train.cpp: tokens/s and MFU on any device, the GPU included.)
 //   bench step [--precision fp32,bf16] [--B 4] [--T 64] [--steps 5] [--layers 12 ...]
 // Each precision runs in its own child process so that its peak memory is its own.
 // Prints: measured time, the comparison figure, and their ratio.
@@ -26,6 +27,8 @@
 namespace st {  // tools/bench_tokenizer.cpp
 int run_tokenizer_bench(const std::string& input, const std::string& vocab_dir,
                         const std::string& node_pkg, const std::string& node_script, int reps);
+// tools/bench_train.cpp: `bench train`; the callback sets rc.
+CLI::App* add_train_bench(CLI::App& app, int& rc);
 }
 
 using namespace st;
@@ -224,7 +227,10 @@ int main(int argc, char** argv) {
   tokb->add_option("--tokenizer-dir", tok_vocab, "encoder.json + vocab.bpe")->capture_default_str();
   tokb->add_option("--node-pkg", tok_node, "gpt-3-encoder folder ('' : no comparison)")->capture_default_str();
   tokb->add_option("--reps", tok_reps, "warm repetitions")->check(CLI::PositiveNumber);
+  int sub_rc = 0;
+  auto* trainb = add_train_bench(app, sub_rc);
   CLI11_PARSE(app, argc, argv);
+  if (trainb->parsed()) return sub_rc;
   if (tokb->parsed()) {
     try {
       std::ifstream probe(tok_node + "/Encoder.js");
