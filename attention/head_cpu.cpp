@@ -322,11 +322,9 @@ std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& 
     case DeltaMode::O: ofp = fw.o; break;
     case DeltaMode::OFp32: ofp = fw.o32; break;
     case DeltaMode::OSplit:
+      // O kept as the stored O (hi) plus a residual against the wide O in format low.
       ofp = fw.o32;
-      for (double& o : ofp) {
-        const double hi = round_fmt(o, n.low);
-        o = hi + round_fmt(o - hi, n.low);
-      }
+      for (size_t i = 0; i < ofp.size(); ++i) ofp[i] = fw.o[i] + round_fmt(fw.o32[i] - fw.o[i], n.low);
       break;
     case DeltaMode::Fp32Recompute: {
       // The same algorithm with every point in the wide format.

@@ -25,7 +25,7 @@ const char* rounding_rule_name(RoundingRule r);
 // How the backward's delta = rowsum(dO * O) is formed (flash backends; baseline never uses O).
 enum class DeltaMode {
   O,              // from the stored O (format `out`)
-  OSplit,         // O kept as round_f(O32) plus a residual round_f(O32 - round_f(O32))
+  OSplit,         // O kept as the stored O plus a residual round_f(O32 - O) (one more f tensor)
   OFp32,          // from the forward's O in FP32, before the final rounding
   DpP,            // rowsum(dP * P), no O at all
   Fp32Recompute,  // O recomputed in FP32 from Q, K, V in the backward

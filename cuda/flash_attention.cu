@@ -1,11 +1,364 @@
-// The flash and stabilized-flash CUDA kernels are not written yet (issue 9): make_attention
-// refuses them loudly on the GPU rather than falling back to anything else.
+// The CUDA flash and stabilized-flash attention (AttentionKind::Flash / StabilizedFlash): the
+// Attention class over the kernels of flash_fwd.cuh (forward), flash_bwd.cuh (dK/dV, dQ and
+// the dp_p delta pass) and flash_aux.cu (delta from O, per-row statistics).
+//
+// What it implements, checked against the configuration here (any other setting throws a
+// one-line error naming the attention.* key; the GPU never silently does something else):
+//   compute format  bf16 or fp16 (Q, K, V, P~, O and the gradients are stored in it)
+//   rule            gpu; attention.scores fp32 | compute format; attention.accum fp32 |
+//                   compute format (the paper's low-precision O~ accumulator);
+//                   attention.mac fp32; qkv/probs/out/grads = the compute format
+//   tiles           (block_q, block_k) in flash::kFwdTilesText (forward); the backward's
+//                   own tiles only need block_q, block_k multiples of 64 in accum-low mode
+//   delta           o | o_split | o_fp32 | dp_p  (fp32_recompute: CPU only)
+//   head size       64 or 128; any T >= 1, any B * NH
+// Each object belongs to one layer and keeps, between forward and backward, what the delta
+// mode needs (o_fp32: O in FP32; o_split: the residual tensor) plus the delta row buffer,
+// all from the backend's arena, reallocated when B, T, NH or the format change.
+// Statistics (collect_stats): p_one is counted by the forward kernel itself (the P~ it
+// really used); the other fields come from a separate per-row kernel that reproduces the
+// CPU's scores exactly. Per-row values are merged on the host in a fixed order (per (b, h),
+// rows in order; then heads over b), as the CPU backend does.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attention/head_cpu.h"
 #include "core/error.h"
 #include "cuda/attention_cuda.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
+#include "cuda/flash_attention.h"
+#include "cuda/flash_launch.cuh"
 
 namespace st {
-std::unique_ptr<Attention> make_attention_cuda_flash(CudaBackend&, const AttentionConfig& cfg) {
-  fail("CUDA backend: attention.backend ", attention_kind_name(cfg.kind),
-       " is not implemented on the GPU yet (issue 9); use baseline, or device: cpu");
+namespace {
+
+const char* fmt_name(DType t) { return dtype_name(t); }
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* pa = static_cast<const char*>(a.raw());
+  const auto* pb = static_cast<const char*>(b.raw());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
+
+// align: 16 for the tensors read with 16-byte copies; 4 for lse (a layer's view of the
+// model's (L, B, NH, T) buffer), read and written one float at a time.
+void check_gpu(const Tensor& t, DType dtype, const char* what, size_t align = 16) {
+  ST_CHECK(t.defined(), "flash attention: ", what, " is undefined");
+  ST_CHECK(t.device() == Device::CUDA, "flash attention: ", what, " ", t.desc(),
+           " must be on the GPU");
+  ST_CHECK(t.dtype() == dtype, "flash attention: ", what, " ", t.desc(), " must have storage ",
+           dtype_name(dtype));
+  ST_CHECK(reinterpret_cast<uintptr_t>(t.raw()) % align == 0, "flash attention: ", what, " ",
+           t.desc(), " must be ", align, "-byte aligned");
+}
+
+class FlashAttentionCuda : public Attention {
+ public:
+  FlashAttentionCuda(CudaBackend& be, const AttentionConfig& cfg) : be_(be), cfg_(cfg) {
+    ST_CHECK(cfg.kind == AttentionKind::Flash || cfg.kind == AttentionKind::StabilizedFlash,
+             "make_attention_cuda_flash: attention kind ", attention_kind_name(cfg.kind));
+    if (cfg.block_q == 0 || cfg.block_k == 0)
+      fail("attention.block_q = ", cfg.block_q, ", attention.block_k = ", cfg.block_k,
+           ": one tile per row (0) is CPU only; the CUDA flash kernels support (block_q, "
+           "block_k) = ",
+           flash::kFwdTilesText);
+    if (!flash::fwd_tiles_supported(cfg.block_q, cfg.block_k))
+      fail("attention.block_q = ", cfg.block_q, ", attention.block_k = ", cfg.block_k,
+           " is not supported by the CUDA flash kernels (supported (block_q, block_k): ",
+           flash::kFwdTilesText, ")");
+    if (cfg.rule != RoundingRule::Gpu)
+      fail("attention.rule = ", rounding_rule_name(cfg.rule),
+           " is CPU only (the CUDA flash kernels implement rule gpu, with the attention.scores "
+           "and attention.accum overrides)");
+    if (!cfg.fp32_out_heads.empty())
+      fail("attention.fp32_out_heads is not supported by the CUDA flash kernels; use "
+           "attention.delta: o_fp32 (the backward's delta from the forward's FP32 O) instead");
+    if (cfg.delta == DeltaMode::Fp32Recompute)
+      fail("attention.delta = fp32_recompute is CPU only; the CUDA flash kernels support o, "
+           "o_split, o_fp32 and dp_p");
+    if (cfg.mac && *cfg.mac != DType::F32)
+      fail("attention.mac = ", fmt_name(*cfg.mac),
+           " is not supported by the CUDA flash kernels (the tensor cores accumulate in fp32)");
+    ST_CHECK(cfg.beta >= 1.0, "attention.beta must be >= 1, got ", cfg.beta);
+    ST_CHECK(cfg.tie_tol >= 0.0, "attention.tie_tol must be >= 0, got ", cfg.tie_tol);
+    ST_CHECK(cfg.max_shift >= 0.0, "attention.max_shift must be >= 0, got ", cfg.max_shift);
+  }
+
+  std::string name() const override { return attention_kind_name(cfg_.kind); }
+  const std::vector<AttentionHeadStats>& stats() const override { return stats_; }
+  void set_collect_stats(bool on) override {
+    cfg_.collect_stats = on;
+    if (!on) stats_.clear();
+  }
+
+  void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
+               DType fmt) override {
+    const AttnNumerics n = resolve(fmt);
+    const Dims d = dims(qkv, n_head);
+    check_gpu(qkv, fmt, "qkv");
+    check_gpu(out, fmt, "out");
+    check_gpu(lse, DType::F32, "lse", 4);
+    check_shape(out, {d.B, d.T, d.C}, "flash attention out");
+    check_shape(lse, {d.B, n_head, d.T}, "flash attention lse");
+    ST_CHECK(!overlaps(out, qkv) && !overlaps(lse, qkv) && !overlaps(out, lse),
+             "flash attention: out ", out.desc(), " / lse ", lse.desc(), " overlap qkv ",
+             qkv.desc(), " or each other");
+    ensure_buffers(d, n, fmt);
+
+    flash::FwdParams p;
+    p.qkv = qkv.raw();
+    p.out = out.raw();
+    p.lse = static_cast<float*>(lse.raw());
+    p.o32 = n.delta == DeltaMode::OFp32 ? static_cast<float*>(o_saved_.raw()) : nullptr;
+    p.o_lo = n.delta == DeltaMode::OSplit ? o_saved_.raw() : nullptr;
+    p.p_one = cfg_.collect_stats ? static_cast<int32_t*>(pone_.raw()) : nullptr;
+    p.B = static_cast<int>(d.B);
+    p.T = static_cast<int>(d.T);
+    p.NH = n_head;
+    p.hs = d.hs;
+    p.causal = cfg_.causal;
+    p.scores_low = n.scores != DType::F32;
+    p.scale = scale_of(d.hs);
+    p.beta = cfg_.beta;
+    p.tie_tol = cfg_.tie_tol;
+    p.cap = stabilized_max_shift(cfg_, n.probs);
+    const bool stab = cfg_.kind == AttentionKind::StabilizedFlash;
+    const bool acc_low = n.accum != DType::F32;
+    if (fmt == DType::BF16)
+      flash::fwd_bf16(p, cfg_.block_q, cfg_.block_k, stab, acc_low, be_.stream());
+    else
+      flash::fwd_f16(p, cfg_.block_q, cfg_.block_k, stab, acc_low, be_.stream());
+    B_ = d.B, T_ = d.T, NH_ = n_head, fmt_ = fmt;
+    fwd_delta_ = n.delta;
+    have_forward_ = true;
+    if (cfg_.collect_stats) collect_stats(qkv, d, n);
+  }
+
+  void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                const Tensor& lse, int n_head, DType fmt) override {
+    const AttnNumerics n = resolve(fmt);
+    const Dims d = dims(qkv, n_head);
+    check_gpu(qkv, fmt, "qkv");
+    check_gpu(out, fmt, "out");
+    check_gpu(dout, fmt, "dout");
+    check_gpu(dqkv, fmt, "dqkv");
+    check_gpu(lse, DType::F32, "lse", 4);
+    check_shape(dqkv, qkv.shape(), "flash attention dqkv");
+    check_shape(out, {d.B, d.T, d.C}, "flash attention out");
+    check_shape(dout, {d.B, d.T, d.C}, "flash attention dout");
+    check_shape(lse, {d.B, n_head, d.T}, "flash attention lse");
+    for (const Tensor* t : {&qkv, &out, &dout, &lse})
+      ST_CHECK(!overlaps(dqkv, *t), "flash attention backward: dqkv ", dqkv.desc(),
+               " overlaps an input ", t->desc());
+    ST_CHECK(have_forward_ && B_ == d.B && T_ == d.T && NH_ == n_head && fmt_ == fmt &&
+                 fwd_delta_ == n.delta,
+             "flash attention backward called without a matching forward");
+
+    flash::BwdParams p;
+    p.qkv = qkv.raw();
+    p.dout = dout.raw();
+    p.lse = static_cast<const float*>(lse.raw());
+    p.delta = static_cast<float*>(delta_.raw());
+    p.dqkv = dqkv.raw();
+    p.B = static_cast<int>(d.B);
+    p.T = static_cast<int>(d.T);
+    p.NH = n_head;
+    p.hs = d.hs;
+    p.causal = cfg_.causal;
+    p.scores_low = n.scores != DType::F32;
+    p.scale = scale_of(d.hs);
+    p.block_q = cfg_.block_q;
+    p.block_k = cfg_.block_k;
+    const bool acc_low = n.accum != DType::F32;
+    cudaStream_t s = be_.stream();
+    if (n.delta == DeltaMode::DpP) {
+      if (fmt == DType::BF16) flash::delta_dpp_bf16(p, acc_low, s);
+      else flash::delta_dpp_f16(p, acc_low, s);
+    } else {
+      const int mode = n.delta == DeltaMode::O ? 0 : n.delta == DeltaMode::OSplit ? 1 : 2;
+      flash::delta_o(fmt, mode, acc_low, dout.raw(), out.raw(),
+                     mode == 1 ? o_saved_.raw() : nullptr,
+                     mode == 2 ? static_cast<const float*>(o_saved_.raw()) : nullptr,
+                     p.delta, p.B, p.T, p.NH, p.hs, s);
+    }
+    if (fmt == DType::BF16) flash::bwd_bf16(p, acc_low, s);
+    else flash::bwd_f16(p, acc_low, s);
+    have_delta_ = true;
+  }
+
+  std::vector<float> last_delta() {
+    if (!have_delta_) return {};
+    return to_host(delta_);
+  }
+  std::vector<float> saved_o() {
+    if (!have_forward_ || !o_saved_.defined()) return {};
+    return to_host(o_saved_);
+  }
+
+ private:
+  struct Dims {
+    int64_t B, T, C;
+    int hs;
+  };
+
+  static float scale_of(int hs) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+  }
+
+  Dims dims(const Tensor& qkv, int n_head) const {
+    ST_CHECK(qkv.defined() && qkv.ndim() == 3 && qkv.dim(2) % 3 == 0,
+             "flash attention: qkv must be (B, T, 3C), got ", qkv.defined() ? qkv.desc() : "undefined");
+    const int64_t C = qkv.dim(2) / 3;
+    ST_CHECK(n_head > 0 && C % n_head == 0, "flash attention: n_embd ", C,
+             " is not divisible by n_head ", n_head);
+    Dims d{qkv.dim(0), qkv.dim(1), C, static_cast<int>(C / n_head)};
+    ST_CHECK(d.hs == 64 || d.hs == 128, "flash attention (CUDA): head size ", d.hs,
+             " (n_embd / n_head) is not supported (64 or 128)");
+    ST_CHECK(d.B > 0 && d.T > 0, "flash attention: empty batch ", qkv.desc());
+    ST_CHECK(d.B * n_head <= INT32_MAX && d.B * d.T * 3 * C <= (int64_t{1} << 40),
+             "flash attention: problem too large ", qkv.desc());
+    return d;
+  }
+
+  // The formats of this call, checked against what the kernels implement.
+  AttnNumerics resolve(DType fmt) const {
+    if (fmt != DType::BF16 && fmt != DType::F16)
+      fail("attention.kind = ", attention_kind_name(cfg_.kind), " on the GPU needs a bf16 or fp16 ",
+           "compute format (got ", fmt_name(fmt), "); use attention.kind: baseline for ",
+           fmt_name(fmt));
+    const AttnNumerics n = cfg_.numerics(fmt, 0);  // fp32_out_heads is refused: every head alike
+    auto must_be_fmt = [&](DType got, const char* key) {
+      if (got != fmt)
+        fail("attention.", key, " = ", fmt_name(got),
+             " is not supported by the CUDA flash kernels (it must be the compute format, ",
+             fmt_name(fmt), ")");
+    };
+    must_be_fmt(n.qkv, "qkv");
+    must_be_fmt(n.probs, "probs");
+    must_be_fmt(n.out, "out");
+    must_be_fmt(n.grads, "grads");
+    if (n.mac != DType::F32)
+      fail("attention.mac = ", fmt_name(n.mac), " is not supported by the CUDA flash kernels (fp32)");
+    if (n.scores != DType::F32 && n.scores != fmt)
+      fail("attention.scores = ", fmt_name(n.scores),
+           " is not supported by the CUDA flash kernels (fp32 or the compute format, ",
+           fmt_name(fmt), ")");
+    if (n.accum != DType::F32 && n.accum != fmt)
+      fail("attention.accum = ", fmt_name(n.accum),
+           " is not supported by the CUDA flash kernels (fp32 or the compute format, ",
+           fmt_name(fmt), ")");
+    if (n.round_ops) fail("attention.rule = ", rounding_rule_name(cfg_.rule), " is CPU only");
+    return n;
+  }
+
+  void ensure_buffers(const Dims& d, const AttnNumerics& n, DType fmt) {
+    const int64_t rows = d.B * NH_of(d) * d.T;
+    if (!delta_.defined() || delta_.numel() != rows) delta_ = be_.alloc({rows}, DType::F32);
+    if (n.delta == DeltaMode::OFp32 || n.delta == DeltaMode::OSplit) {
+      const DType st = n.delta == DeltaMode::OFp32 ? DType::F32 : fmt;
+      const Shape sh{d.B, d.T, d.C};
+      if (!o_saved_.defined() || o_saved_.shape() != sh || o_saved_.dtype() != st)
+        o_saved_ = be_.alloc(sh, st);
+    } else {
+      o_saved_ = Tensor();
+    }
+    if (cfg_.collect_stats) {
+      if (!pone_.defined() || pone_.numel() != rows) {
+        pone_ = be_.alloc({rows}, DType::I32);
+        rowstats_ = be_.alloc({rows * 4}, DType::F32);  // 16-byte flash::RowStats per row
+      }
+    }
+    have_delta_ = false;
+  }
+  int64_t NH_of(const Dims& d) const { return d.C / d.hs; }
+
+  void collect_stats(const Tensor& qkv, const Dims& d, const AttnNumerics& n) {
+    static_assert(sizeof(flash::RowStats) == 16, "RowStats is 4 floats");
+    const int NH = static_cast<int>(NH_of(d));
+    flash::row_stats(qkv.dtype(), qkv.raw(), static_cast<flash::RowStats*>(rowstats_.raw()),
+                     static_cast<int>(d.B), static_cast<int>(d.T), NH, d.hs, cfg_.causal,
+                     n.scores != DType::F32, scale_of(d.hs), cfg_.tie_tol, cfg_.block_k,
+                     be_.stream());
+    const size_t rows = static_cast<size_t>(d.B) * NH * d.T;
+    std::vector<int32_t> pone(rows);
+    std::vector<flash::RowStats> rs(rows);
+    ST_CUDA_CHECK(cudaMemcpyAsync(pone.data(), pone_.raw(), rows * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, be_.stream()));
+    ST_CUDA_CHECK(cudaMemcpyAsync(rs.data(), rowstats_.raw(), rows * sizeof(flash::RowStats),
+                                  cudaMemcpyDeviceToHost, be_.stream()));
+    ST_CUDA_CHECK(cudaStreamSynchronize(be_.stream()));
+    stats_.assign(NH, AttentionHeadStats{});
+    for (int64_t bh = 0; bh < d.B * NH; ++bh) {  // fixed order, as the CPU backend
+      AttentionHeadStats s;
+      for (int64_t t = 0; t < d.T; ++t) {
+        const size_t r = static_cast<size_t>(bh * d.T + t);
+        s.max_logit = std::max(s.max_logit, static_cast<double>(rs[r].max_logit));
+        ++s.rows;
+        s.tied_rows += (rs[r].flags & 1) != 0;
+        s.tied_in_tile += (rs[r].flags & 2) != 0;
+        s.p_one += pone[r];
+        s.entropy_sum += rs[r].entropy;
+      }
+      AttentionHeadStats& h = stats_[bh % NH];
+      h.max_logit = std::max(h.max_logit, s.max_logit);
+      h.rows += s.rows;
+      h.tied_rows += s.tied_rows;
+      h.tied_in_tile += s.tied_in_tile;
+      h.p_one += s.p_one;
+      h.entropy_sum += s.entropy_sum;
+    }
+  }
+
+  std::vector<float> to_host(const Tensor& t) {
+    Tensor f = t;
+    if (t.dtype() != DType::F32) {  // widen on the GPU (exact)
+      f = be_.alloc(t.shape(), DType::F32);
+      be_.copy(f, t);
+    }
+    std::vector<float> h(static_cast<size_t>(f.numel()));
+    ST_CUDA_CHECK(cudaMemcpyAsync(h.data(), f.raw(), h.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost, be_.stream()));
+    ST_CUDA_CHECK(cudaStreamSynchronize(be_.stream()));
+    return h;
+  }
+
+  CudaBackend& be_;
+  AttentionConfig cfg_;
+  int64_t B_ = -1, T_ = -1;
+  int NH_ = -1;
+  DType fmt_ = DType::F32;
+  DeltaMode fwd_delta_ = DeltaMode::O;
+  bool have_forward_ = false, have_delta_ = false;
+  Tensor delta_;     // (B, NH, T) FP32
+  Tensor o_saved_;   // o_fp32: (B, T, C) FP32; o_split: (B, T, C) residual in the format
+  Tensor pone_;      // (B, NH, T) int32, collect_stats
+  Tensor rowstats_;  // (B, NH, T) flash::RowStats, collect_stats
+  std::vector<AttentionHeadStats> stats_;
+};
+
+FlashAttentionCuda& flash_of(const Attention& attn) {
+  auto* f = dynamic_cast<const FlashAttentionCuda*>(&attn);
+  ST_CHECK(f != nullptr, "flash hook: attention '", attn.name(),
+           "' was not made by make_attention_cuda_flash");
+  return const_cast<FlashAttentionCuda&>(*f);
+}
+
+}  // namespace
+
+std::unique_ptr<Attention> make_attention_cuda_flash(CudaBackend& be, const AttentionConfig& cfg) {
+  return std::make_unique<FlashAttentionCuda>(be, cfg);
+}
+
+std::vector<float> flash_cuda_last_delta(const Attention& attn) {
+  return flash_of(attn).last_delta();
+}
+
+std::vector<float> flash_cuda_saved_o(const Attention& attn) { return flash_of(attn).saved_o(); }
+
+std::string flash_cuda_supported_tiles() { return flash::kFwdTilesText; }
+
 }  // namespace st

@@ -201,6 +201,7 @@ TEST(GpuModel, RunsAreBitIdenticalAndRecomputationKeepsTheBits) {
   require_gpu();
   for (DType prec : {DType::BF16, DType::F32}) {
     for (int variant = 0; variant < 2; ++variant) {
+      if (variant == 1 && prec == DType::F32) continue;  // the flash kernels are bf16/fp16
       const auto attn = variant == 0 ? layers(AttentionKind::Baseline, AttentionKind::Baseline)
                                      : layers(AttentionKind::Flash, AttentionKind::StabilizedFlash);
       auto be = make_cuda_backend(0);

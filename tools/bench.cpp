@@ -1,5 +1,6 @@
 // bench: speed of one training step (forward, backward, AdamW) of GPT-2 shapes on the CPU.
-// (`bench train`, tools/bench_train.cpp: tokens/s and MFU on any device, the GPU included.)
+// (`bench train`, tools/bench_train.cpp: tokens/s and MFU on any device, the GPU included;
+// `bench attention`, tools/bench_attention.cpp: the GPU attention kernels.)
 //   bench step [--precision fp32,bf16] [--B 4] [--T 64] [--steps 5] [--layers 12 ...]
 // Each precision runs in its own child process so that its peak memory is its own.
 // Prints: measured time, the comparison figure, and their ratio.
@@ -29,6 +30,8 @@ int run_tokenizer_bench(const std::string& input, const std::string& vocab_dir,
                         const std::string& node_pkg, const std::string& node_script, int reps);
 // tools/bench_train.cpp: `bench train`; the callback sets rc.
 CLI::App* add_train_bench(CLI::App& app, int& rc);
+// tools/bench_attention.cpp: `bench attention` (GPU attention TFLOP/s, memory, delta modes).
+CLI::App* add_attention_bench(CLI::App& app, int& rc);
 }
 
 using namespace st;
@@ -229,8 +232,9 @@ int main(int argc, char** argv) {
   tokb->add_option("--reps", tok_reps, "warm repetitions")->check(CLI::PositiveNumber);
   int sub_rc = 0;
   auto* trainb = add_train_bench(app, sub_rc);
+  auto* attnb = add_attention_bench(app, sub_rc);
   CLI11_PARSE(app, argc, argv);
-  if (trainb->parsed()) return sub_rc;
+  if (trainb->parsed() || attnb->parsed()) return sub_rc;
   if (tokb->parsed()) {
     try {
       std::ifstream probe(tok_node + "/Encoder.js");

@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# The one script to run on a GPU machine (from the repo root; $OUT = output folder,
-# default ./gpu_out). It records the machine, builds the CUDA backend, runs the gpu-labelled
-# tests (conversions, GEMMs, the CUDA-vs-CPU parity table of every Backend method,
-# run-to-run determinism, stochastic rounding, the memory arena), bench_gpu (GEMMs and
-# conversions) and `bench_gpu kernels` (every Backend method in GB/s or TFLOP/s against the
-# copy bandwidth and cuBLAS BF16 rate measured in the same run), plus a PyTorch
-# side-by-side when torch with CUDA is installed, and writes into $OUT (7 files):
+# The one script to run on a GPU machine (from the repo root; $OUT = output folder, default
+# ./gpu_out). It records the machine, builds the CUDA backend, and runs the stages named in
+# GPU_CHECK_STAGES (comma-separated; default all: build,test,bench,train). A device call is
+# limited to 10 minutes, so a session usually runs it in two or three calls, e.g.
+#   GPU_CHECK_STAGES=build,test   then   GPU_CHECK_STAGES=bench,train
+# (the build is incremental: every stage first builds what it needs).
+#   build  configure + build the GPU tests, bench_gpu, bench, train, prepare_data, compare
+#   test   ctest -L gpu: conversions, GEMMs, the CUDA-vs-CPU parity table of every Backend
+#          method, baseline attention (test_gpu_attention), flash and stabilized flash
+#          (test_gpu_flash), the whole model and the trainer (test_gpu_model)
+#   bench  bench_gpu (GEMMs, conversions), bench_gpu kernels (every Backend method),
+#          bench train (GPT-2 124M tokens/s, MFU, breakdown, memory; baseline, flash,
+#          stabilized), bench attention (TFLOP/s, memory vs T, delta modes) and the PyTorch
+#          side-by-sides (cuBLAS GEMMs, scaled_dot_product_attention FLASH) when torch has CUDA
+#   train  configs/gpt2_small.yaml on Tiny Shakespeare (carried data_cache/tiny_shakespeare:
+#          run with carry ["data_cache/tiny_shakespeare", ".gpu_deps"]), GPU_CHECK_TRAIN_STEPS
+#          (default 300) steps with each attention backend, losses side by side
+# Files in $OUT (at most 8 come back from a device call):
 #   gpu_check.log    everything, in order (nvidia-smi output included)
-#   ctest_gpu.txt    test output (verbose)       ctest_gpu.xml    JUnit results
-#   bench_gpu.txt    bench_gpu output            bench_kernels.txt  bench_gpu kernels output
-#   torch.txt        torch comparison
+#   ctest_gpu.txt    test output (verbose)          bench_gpu.txt  bench_gpu + kernels output
+#   bench_train.txt  bench train outputs            bench_attention.txt  bench attention output
+#   torch.txt        torch comparisons              train.txt      the training runs' summary
 #   gpu_results.md   summary to commit to bench/results/ (device, driver, commit, date)
 # A short summary table is printed last.
-# Exit status: 0 all passed; 1 the GPU targets did not build or the gpu tests failed / did
-# not run; 2 the tests passed but a benchmark or the full project build failed.
+# Exit status: 0 all passed; 1 the GPU targets did not build or the gpu tests failed; 2 the
+# tests passed (or were not run) but a benchmark or training run failed.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,7 +32,7 @@ OUT="${OUT:-./gpu_out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/gpu_check.log"
-BUILD=build-gpu
+BUILD="${GPU_CHECK_BUILD_DIR:-build-gpu}"
 JOBS="$(nproc 2>/dev/null || echo 8)"
 : >"$LOG"
 
@@ -105,11 +116,14 @@ if ! dpkg -s libgtest-dev >/dev/null 2>&1 && [[ ! -f /usr/include/gtest/gtest.h 
 fi
 
 # ---- 3. configure and build -------------------------------------------------------------
-# The GPU targets first, so unrelated breakage elsewhere cannot stop the GPU check; the
-# rest of the project is built last (step 6) and reported separately.
+STAGES=",${GPU_CHECK_STAGES:-build,test,bench,train},"
+has_stage() { [[ "$STAGES" == *",$1,"* ]]; }
+say "stages: ${STAGES//,/ }"
 BUILD_OK=0
-GPU_TARGETS=(bench_gpu)
-if [[ "$BUILD_TESTING" == ON ]]; then GPU_TARGETS+=(test_gpu_kernels); fi
+GPU_TARGETS=(bench_gpu bench train prepare_data compare)
+if [[ "$BUILD_TESTING" == ON ]]; then
+  GPU_TARGETS+=(test_gpu_kernels test_gpu_attention test_gpu_flash test_gpu_model)
+fi
 say "configure + build ${GPU_TARGETS[*]} ($BUILD, -j$JOBS)"
 if logged - cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSTABLETRAIN_CUDA=ON ${CMAKE_DEP_ARGS[@]+"${CMAKE_DEP_ARGS[@]}"} \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_TESTING="$BUILD_TESTING" &&
@@ -122,68 +136,136 @@ fi
 
 # ---- 4. gpu tests -------------------------------------------------------------------------
 TESTS="not run"
-TESTS_OK=0
-if ((BUILD_OK)) && [[ "$BUILD_TESTING" == ON ]]; then
-  say "ctest -L gpu"
-  if logged "$OUT/ctest_gpu.txt" ctest --test-dir "$BUILD" -L gpu --output-on-failure -V \
-    --output-junit "$OUT/ctest_gpu.xml"; then
-    TESTS_OK=1
+TESTS_OK=1
+if has_stage test; then
+  TESTS_OK=0
+  if ((BUILD_OK)) && [[ "$BUILD_TESTING" == ON ]]; then
+    say "ctest -L gpu"
+    if logged "$OUT/ctest_gpu.txt" ctest --test-dir "$BUILD" -L gpu --output-on-failure -V \
+      --timeout 900; then
+      TESTS_OK=1
+    fi
+    TESTS="$(grep -E 'tests passed' "$OUT/ctest_gpu.txt" | tail -1 || true)"
+    [[ -n "$TESTS" ]] || TESTS="no test summary (see ctest_gpu.txt)"
+    if grep -q 'No tests were found' "$OUT/ctest_gpu.txt"; then
+      TESTS_OK=0
+      TESTS="no gpu tests found"
+    fi
+    say "tests: $TESTS"
+  else
+    TESTS="not run (build failed or GoogleTest missing)"
   fi
-  TESTS="$(grep -E 'tests passed' "$OUT/ctest_gpu.txt" | tail -1 || true)"
-  [[ -n "$TESTS" ]] || TESTS="no test summary (see ctest_gpu.txt)"
-  if grep -q 'No tests were found' "$OUT/ctest_gpu.txt"; then
-    TESTS_OK=0
-    TESTS="no gpu tests found"
-  fi
-  say "tests: $TESTS"
 fi
 
 # ---- 5. benchmarks ------------------------------------------------------------------------
 BENCH="not run"
-BENCH_OK=0
-KBENCH="not run"
-KBENCH_OK=0
-if ((BUILD_OK)); then
-  say "bench_gpu"
-  if logged "$OUT/bench_gpu.txt" "$BUILD/bin/bench_gpu"; then
-    BENCH_OK=1
-    BENCH="ok"
-  else
-    BENCH="FAILED (see bench_gpu.txt)"
-  fi
-  say "bench_gpu kernels"
-  if logged "$OUT/bench_kernels.txt" "$BUILD/bin/bench_gpu" kernels; then
-    KBENCH_OK=1
-    KBENCH="ok"
-  else
-    KBENCH="FAILED (see bench_kernels.txt)"
-  fi
-fi
-TORCH="torch with CUDA not available"
-if command -v python3 >/dev/null 2>&1 &&
-  python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
-  say "torch side-by-side"
-  ours=()
-  ((BENCH_OK)) && ours=(--ours "$OUT/bench_gpu.txt")
-  if logged "$OUT/torch.txt" python3 tools/bench_torch_gemm.py ${ours[@]+"${ours[@]}"}; then
+BENCH_OK=1
+TORCH="not run"
+if has_stage bench && ((BUILD_OK)); then
+  BENCH_OK=0
+  failed=()
+  bench_step() {  # bench_step FILE LABEL CMD...: CMD's output appended to FILE and the log
+    local file="$1" label="$2"
+    shift 2
+    say "$label"
+    printf '## %s\n$ %s\n' "$label" "$*" >>"$file"
+    echo "\$ $*" >>"$LOG"
+    if ! "$@" 2>&1 | tee -a "$file" >>"$LOG"; then failed+=("$label"); fi
+    echo >>"$file"
+  }
+  : >"$OUT/bench_gpu.txt"
+  : >"$OUT/bench_train.txt"
+  : >"$OUT/bench_attention.txt"
+  bench_step "$OUT/bench_gpu.txt" "bench_gpu" "$BUILD/bin/bench_gpu"
+  bench_step "$OUT/bench_gpu.txt" "bench_gpu kernels" "$BUILD/bin/bench_gpu" kernels
+  for attn in baseline flash stabilized_flash; do
+    bench_step "$OUT/bench_train.txt" "bench train --attention $attn" \
+      "$BUILD/bin/bench" train --device cuda --attention "$attn"
+  done
+  bench_step "$OUT/bench_train.txt" "bench train --attention baseline --recompute gelu_layernorm" \
+    "$BUILD/bin/bench" train --device cuda --attention baseline --recompute gelu_layernorm --breakdown-steps 0
+  bench_step "$OUT/bench_attention.txt" "bench attention" "$BUILD/bin/bench" attention
+  if ((${#failed[@]})); then BENCH="FAILED: ${failed[*]}"; else BENCH_OK=1; BENCH="ok"; fi
+  TORCH="torch with CUDA not available"
+  if command -v python3 >/dev/null 2>&1 &&
+    python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+    : >"$OUT/torch.txt"
+    tfail=()
+    bench_step "$OUT/torch.txt" "torch GEMMs" python3 tools/bench_torch_gemm.py --ours "$OUT/bench_gpu.txt"
+    bench_step "$OUT/torch.txt" "torch attention" python3 tools/bench_torch_attention.py --ours "$OUT/bench_attention.txt"
     TORCH="ok"
+    for f in "${failed[@]}"; do [[ "$f" == torch* ]] && TORCH="FAILED (see torch.txt)"; done
   else
-    TORCH="FAILED (see torch.txt)"
+    echo "$TORCH" >"$OUT/torch.txt"
   fi
-else
-  echo "$TORCH" >"$OUT/torch.txt"
 fi
 
-# ---- 6. the rest of the project, with CUDA on ------------------------------------------------
-# GPU_CHECK_FULL_BUILD=0 skips it (a device call is limited to 10 minutes).
-FULL="not run"
-if [[ "${GPU_CHECK_FULL_BUILD:-1}" == 0 ]]; then
-  FULL="skipped (GPU_CHECK_FULL_BUILD=0)"
-  say "full build: $FULL"
-elif ((BUILD_OK)); then
-  say "full build"
-  if logged - cmake --build "$BUILD" -j "$JOBS"; then FULL="ok"; else FULL="FAILED (see gpu_check.log)"; fi
-  say "full build: $FULL"
+# ---- 6. training runs: gpt2_small on Tiny Shakespeare, each attention backend -----------------
+TRAIN="not run"
+TRAIN_OK=1
+if has_stage train && ((BUILD_OK)); then
+  TRAIN_OK=0
+  STEPS="${GPU_CHECK_TRAIN_STEPS:-300}"
+  DATA=data_cache/tiny_shakespeare
+  : >"$OUT/train.txt"
+  if ! compgen -G "$DATA/gpt2_train_*.bin" >/dev/null && [[ -f ../shared/data/tinyshakespeare.txt ]]; then
+    logged - "$BUILD/bin/prepare_data" --input ../shared/data/tinyshakespeare.txt --output "$DATA" \
+      --name gpt2 --tokenizer-dir ../shared/data/gpt2-tokenizer --val-fraction 0.1 || true
+  fi
+  if compgen -G "$DATA/gpt2_train_*.bin" >/dev/null; then
+    tfailed=()
+    for attn in baseline flash stabilized_flash; do
+      run_dir="runs/gpu_check_$attn"
+      rm -rf "$run_dir"
+      say "train gpt2_small $attn, $STEPS steps"
+      # 124M, B=16, T=1024, one micro-batch per step (16K tokens). Hooks off: they run on
+      # the host (power iteration on 124M weights, an FP64 attention recompute at T = 1024)
+      # and would take most of a device call; test_gpu_model runs them on the GPU.
+      if logged - "$BUILD/bin/train" --config configs/gpt2_small.yaml \
+        --set run.out_dir="$run_dir" --set run.name="gpu_check_$attn" \
+        --set data.train_path="$DATA/gpt2_train_*.bin" --set data.val_path="$DATA/gpt2_val_*.bin" \
+        --set train.max_steps="$STEPS" --set train.grad_accum_steps=1 --set train.warmup_steps=50 \
+        --set train.lr=6.0e-4 --set train.min_lr=6.0e-5 --set train.ckpt_every=0 \
+        --set train.eval_every=100 --set train.eval_batches=4 --set train.log_every=25 \
+        --set attention.backend="$attn" --set hooks.every=0 --set device=cuda; then
+        :
+      else
+        tfailed+=("$attn")
+      fi
+    done
+    python3 - "$STEPS" >>"$OUT/train.txt" 2>&1 <<'PY' || tfailed+=("summary")
+import json, sys
+steps = int(sys.argv[1])
+runs = {}
+for attn in ("baseline", "flash", "stabilized_flash"):
+    rows = {}
+    try:
+        for line in open(f"runs/gpu_check_{attn}/metrics.jsonl"):
+            j = json.loads(line)
+            if "loss" in j:
+                rows[j["step"]] = j
+    except OSError:
+        pass
+    runs[attn] = rows
+print(f"gpt2_small (124M) on Tiny Shakespeare, B=16 T=1024, {steps} steps, bf16; train loss by step")
+print("| step | baseline | flash | stabilized_flash | flash - baseline | stabilized - baseline |")
+print("|---|---|---|---|---|---|")
+marks = sorted(s for s in set([1, 10, 25, 50] + list(range(100, steps + 1, 50)) + [steps]) if s <= steps)
+for s in marks:
+    v = [runs[a].get(s, {}).get("loss") for a in ("baseline", "flash", "stabilized_flash")]
+    f = lambda x: "-" if x is None else f"{x:.4f}"
+    d = lambda x, y: "-" if x is None or y is None else f"{x - y:+.4f}"
+    print(f"| {s} | {f(v[0])} | {f(v[1])} | {f(v[2])} | {d(v[1], v[0])} | {d(v[2], v[0])} |")
+for a, rows in runs.items():
+    tps = [r.get("tokens_per_s") for r in rows.values() if r.get("tokens_per_s")]
+    if tps:
+        tps = sorted(tps)[len(tps) // 2]
+        print(f"{a}: median tokens/s {tps:.0f}")
+PY
+    if ((${#tfailed[@]})); then TRAIN="FAILED: ${tfailed[*]}"; else TRAIN_OK=1; TRAIN="ok ($STEPS steps x 3 backends)"; fi
+  else
+    TRAIN="no data: carry data_cache/tiny_shakespeare (or have ../shared/data)"
+  fi
 fi
 
 # ---- 7. results file ------------------------------------------------------------------------
@@ -192,47 +274,51 @@ table_of() { grep -E '^\|' "$1" 2>/dev/null || echo "(none)"; }
   echo "# GPU check: $GPU, $DATE"
   echo
   echo "- device: $GPU, driver $DRIVER"
-  echo "- $(grep -m1 '^device:' "$OUT/bench_gpu.txt" 2>/dev/null || echo 'bench_gpu: no device line')"
   echo "- commit: $COMMIT ($DIRTY uncommitted paths)"
-  echo "- date: $DATE, host $(hostname)"
-  echo "- build of the GPU targets: $([[ $BUILD_OK == 1 ]] && echo ok || echo FAILED); full build: $FULL"
+  echo "- date: $DATE, host $(hostname); stages: ${STAGES//,/ }"
+  echo "- build of the GPU targets: $([[ $BUILD_OK == 1 ]] && echo ok || echo FAILED)"
   echo
-  echo "## Tests (ctest -L gpu)"
-  echo
-  echo "$TESTS"
-  if [[ -f "$OUT/ctest_gpu.txt" ]]; then
+  echo '~~~'
+  nvidia-smi 2>/dev/null | head -15 || echo "nvidia-smi not available"
+  echo '~~~'
+  if has_stage test; then
     echo
-    grep -E '^[[:space:]]*[0-9]+ - .*\((Failed|Not Run|Timeout|SEGFAULT|Exception)' "$OUT/ctest_gpu.txt" |
-      sed -E 's/^[[:space:]]*/- FAILED: /' || true
-    first="$(grep -m1 -A2 ': Failure$' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
-    if [[ -n "$first" ]]; then printf '\nFirst failure:\n~~~\n%s\n~~~\n' "$first"; fi
-    errs="$(grep -E '^[0-9]+: (fp32 -> |int |random |stochastic rounding |arena: )' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
-    if [[ -n "$errs" ]]; then printf '\nConversion mismatches, GEMM errors, stochastic rounding, arena:\n~~~\n%s\n~~~\n' "$errs"; fi
-    par="$(grep -E '^[0-9]+: parity ' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
-    if [[ -n "$par" ]]; then
-      printf '\n### Parity: CUDA vs the CPU backend, every Backend method (max abs / max rel / norm-wise rel error)\n\n~~~\n%s\n~~~\n' "$par"
+    echo "## Tests (ctest -L gpu): $TESTS"
+    if [[ -f "$OUT/ctest_gpu.txt" ]]; then
+      echo
+      grep -E '^[[:space:]]*[0-9]+ - .*\((Failed|Not Run|Timeout|SEGFAULT|Exception)' "$OUT/ctest_gpu.txt" |
+        sed -E 's/^[[:space:]]*/- FAILED: /' || true
+      first="$(grep -m1 -A2 ': Failure$' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
+      if [[ -n "$first" ]]; then printf '\nFirst failure:\n~~~\n%s\n~~~\n' "$first"; fi
+      errs="$(grep -E '^[0-9]+: (fp32 -> |int |random |stochastic rounding |arena: )' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
+      if [[ -n "$errs" ]]; then printf '\nConversion mismatches, GEMM errors, stochastic rounding, arena:\n~~~\n%s\n~~~\n' "$errs"; fi
+      par="$(grep -E '^[0-9]+: (parity|determinism|trainer gpu) ' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' | sort -u || true)"
+      if [[ -n "$par" ]]; then
+        printf '\n### Parity with the CPU backend, determinism, trainer\n\n~~~\n%s\n~~~\n' "$par"
+      fi
     fi
-    det="$(grep -cE '^[0-9]+: determinism .* bit-identical' "$OUT/ctest_gpu.txt" || true)"
-    printf '\nDeterminism: %s bf16 cases printed bit-identical over two runs (all precisions are checked; failures are listed above).\n' "${det:-0}"
   fi
-  echo
-  echo "## bench_gpu ($BENCH)"
-  echo
-  head -2 "$OUT/bench_gpu.txt" 2>/dev/null || true
-  echo
-  table_of "$OUT/bench_gpu.txt"
-  echo
-  echo "## bench_gpu kernels ($KBENCH)"
-  echo
-  grep -E '^ceilings' "$OUT/bench_kernels.txt" 2>/dev/null || true
-  echo
-  table_of "$OUT/bench_kernels.txt"
-  echo
-  grep -E '^arena:' "$OUT/bench_kernels.txt" 2>/dev/null || true
-  echo
-  echo "## PyTorch side by side ($TORCH)"
-  echo
-  table_of "$OUT/torch.txt"
+  if has_stage bench; then
+    echo
+    echo "## Benchmarks: $BENCH"
+    for f in bench_gpu bench_train bench_attention; do
+      [[ -f "$OUT/$f.txt" ]] || continue
+      echo
+      echo "### $f"
+      echo
+      grep -E '^(## |device:|ceilings|GPT-2|micro-batch|FLOPs|arena:|\|)' "$OUT/$f.txt" || echo "(no output)"
+    done
+    echo
+    echo "## PyTorch side by side: $TORCH"
+    echo
+    grep -E '^(## |\||note)' "$OUT/torch.txt" 2>/dev/null || echo "(none)"
+  fi
+  if has_stage train; then
+    echo
+    echo "## Training runs: $TRAIN"
+    echo
+    cat "$OUT/train.txt" 2>/dev/null || true
+  fi
 } >"$OUT/gpu_results.md"
 cat "$OUT/gpu_results.md" >>"$LOG"
 
@@ -240,25 +326,28 @@ cat "$OUT/gpu_results.md" >>"$LOG"
 STATUS=0
 if ((!BUILD_OK || !TESTS_OK)); then
   STATUS=1
-elif ((!BENCH_OK)) || ((!KBENCH_OK)) || [[ "$FULL" != ok && "$FULL" != skipped* ]]; then
+elif ((!BENCH_OK || !TRAIN_OK)); then
   STATUS=2
 fi
 {
-  if [[ -f "$OUT/bench_kernels.txt" ]]; then
-    echo
-    echo "== bench_gpu kernels =="
-    grep -E '^ceilings' "$OUT/bench_kernels.txt" || true
-    table_of "$OUT/bench_kernels.txt"
-  fi
+  for f in bench_train bench_attention; do
+    if [[ -f "$OUT/$f.txt" ]]; then
+      echo
+      echo "== $f =="
+      grep -E '^(## |\| (tokens/s|MFU|peak device)|\| [0-9]+ \|)' "$OUT/$f.txt" | head -40 || true
+    fi
+  done
+  [[ -f "$OUT/train.txt" ]] && { echo; echo "== train =="; cat "$OUT/train.txt"; }
   echo
   echo "== gpu_check summary =="
   printf '| %-9s | %s\n' "device" "$GPU (driver $DRIVER)"
   printf '| %-9s | %s\n' "commit" "$COMMIT"
-  printf '| %-9s | %s\n' "build" "$([[ $BUILD_OK == 1 ]] && echo ok || echo FAILED) (GPU targets); full build $FULL"
+  printf '| %-9s | %s\n' "stages" "${STAGES//,/ }"
+  printf '| %-9s | %s\n' "build" "$([[ $BUILD_OK == 1 ]] && echo ok || echo FAILED)"
   printf '| %-9s | %s\n' "gpu tests" "$TESTS"
-  printf '| %-9s | %s\n' "bench_gpu" "$BENCH"
-  printf '| %-9s | %s\n' "kernels" "$KBENCH"
+  printf '| %-9s | %s\n' "benchmarks" "$BENCH"
   printf '| %-9s | %s\n' "torch" "$TORCH"
+  printf '| %-9s | %s\n' "training" "$TRAIN"
   printf '| %-9s | %s\n' "results" "$OUT/gpu_results.md (copy to bench/results/$(date -u +%Y-%m-%d)_gpu_check.md)"
   printf '| %-9s | %s\n' "status" "$STATUS"
 } | tee -a "$LOG"

@@ -1,0 +1,8 @@
+// Flash attention forward, fp16 storage (kernel and dispatch in flash_fwd.cuh).
+#include "cuda/flash_fwd.cuh"
+
+namespace st::flash {
+void fwd_f16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s) {
+  fwd_dispatch<__half>(p, bq, bk, stab, acc_low, s);
+}
+}  // namespace st::flash
