@@ -6,6 +6,8 @@
 //        scaled, masked scores (kept in FP32, or FP64 in the FP64 reference mode).
 // An Attention object belongs to one layer and may keep what its backward needs.
 #pragma once
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,6 +51,26 @@ struct AttentionHeadStats {
   int64_t p_one = 0;          // entries of P~ (flash) or P (baseline) equal to exactly 1
   double entropy_sum = 0;     // sum over rows of the softmax entropy (nats)
   double mean_entropy() const { return rows ? entropy_sum / rows : 0.0; }
+  // One more query row. Every backend merges rows, then (batch, head) pairs, in a fixed
+  // order, so entropy_sum (an FP64 sum) is reproducible.
+  void add_row(double row_max_logit, bool tied, bool tied_within_tile, int64_t ones,
+               double entropy) {
+    max_logit = std::max(max_logit, row_max_logit);
+    ++rows;
+    tied_rows += tied;
+    tied_in_tile += tied_within_tile;
+    p_one += ones;
+    entropy_sum += entropy;
+  }
+  // The rows of o added (statistics of disjoint rows).
+  void merge(const AttentionHeadStats& o) {
+    max_logit = std::max(max_logit, o.max_logit);
+    rows += o.rows;
+    tied_rows += o.tied_rows;
+    tied_in_tile += o.tied_in_tile;
+    p_one += o.p_one;
+    entropy_sum += o.entropy_sum;
+  }
 };
 
 class Attention {

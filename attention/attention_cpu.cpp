@@ -90,14 +90,7 @@ class AttentionCpu : public Attention {
     if (cfg_.collect_stats) {
       stats_.assign(NH, AttentionHeadStats{});
       for (int bh = 0; bh < B * NH; ++bh) {  // merged in a fixed order
-        const auto& s = saved_[bh].stats;
-        auto& d = stats_[bh % NH];
-        d.max_logit = std::max(d.max_logit, s.max_logit);
-        d.rows += s.rows;
-        d.tied_rows += s.tied_rows;
-        d.tied_in_tile += s.tied_in_tile;
-        d.p_one += s.p_one;
-        d.entropy_sum += s.entropy_sum;
+        stats_[bh % NH].merge(saved_[bh].stats);
       }
     }
   }

@@ -537,21 +537,9 @@ class AttentionCudaBaseline final : public Attention {
     std::memcpy(ones.data(), base + 16 * rows, rows * sizeof(int));
     for (int64_t bh = 0; bh < d.BH; ++bh) {
       AttentionHeadStats s;
-      for (int64_t r = bh * d.T; r < (bh + 1) * d.T; ++r) {
-        s.max_logit = std::max(s.max_logit, static_cast<double>(mx[r]));
-        ++s.rows;
-        s.tied_rows += tied[r];
-        s.tied_in_tile += tied[r];  // the row is baseline's one key tile
-        s.p_one += ones[r];
-        s.entropy_sum += ent[r];
-      }
-      AttentionHeadStats& h = stats_[bh % d.NH];
-      h.max_logit = std::max(h.max_logit, s.max_logit);
-      h.rows += s.rows;
-      h.tied_rows += s.tied_rows;
-      h.tied_in_tile += s.tied_in_tile;
-      h.p_one += s.p_one;
-      h.entropy_sum += s.entropy_sum;
+      for (int64_t r = bh * d.T; r < (bh + 1) * d.T; ++r)  // the row is baseline's one key tile
+        s.add_row(mx[r], tied[r] != 0, tied[r] != 0, ones[r], ent[r]);
+      stats_[bh % d.NH].merge(s);
     }
   }
 

@@ -296,20 +296,10 @@ class FlashAttentionCuda : public Attention {
       AttentionHeadStats s;
       for (int64_t t = 0; t < d.T; ++t) {
         const size_t r = static_cast<size_t>(bh * d.T + t);
-        s.max_logit = std::max(s.max_logit, static_cast<double>(rs[r].max_logit));
-        ++s.rows;
-        s.tied_rows += (rs[r].flags & 1) != 0;
-        s.tied_in_tile += (rs[r].flags & 2) != 0;
-        s.p_one += pone[r];
-        s.entropy_sum += rs[r].entropy;
+        s.add_row(rs[r].max_logit, (rs[r].flags & 1) != 0, (rs[r].flags & 2) != 0, pone[r],
+                  rs[r].entropy);
       }
-      AttentionHeadStats& h = stats_[bh % NH];
-      h.max_logit = std::max(h.max_logit, s.max_logit);
-      h.rows += s.rows;
-      h.tied_rows += s.tied_rows;
-      h.tied_in_tile += s.tied_in_tile;
-      h.p_one += s.p_one;
-      h.entropy_sum += s.entropy_sum;
+      stats_[bh % NH].merge(s);
     }
   }
 

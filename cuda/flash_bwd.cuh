@@ -11,8 +11,12 @@
 // Algorithm, the CPU lab's head_backward (attention/head_cpu.cpp):
 //   P  = round_T(exp(scale * q.k - lse))       recomputed, masked entries 0
 //   dP = dO . v (FP32 MMA; rounded to T when accum is the low format)
-//   dS = round_T(P * (dP - delta))             delta from the delta pass (flash_aux.cu, or
-//                                              delta_kernel below for dp_p)
+//   dS = round_T(P * fl32(dP - delta))         delta from the delta pass (flash_aux.cu, or
+//                                              delta_kernel below for dp_p); the product is
+//                                              rounded once (mul_round), the difference to
+//                                              FP32 first (the CPU: one rounding of the exact
+//                                              P * (dP - delta); they differ by at most one T
+//                                              ulp, and only where dP - delta is inexact)
 //   dV = sum P^T dO, dK = scale * sum dS^T Q, dQ = scale * sum dS K, FP32 accumulators,
 //   each rounded once to T at the end (dK and dQ correctly rounded after the scale).
 // ACC_LOW (accum = the compute format): the CPU adds each tile's FP32 partial sum to an
@@ -157,7 +161,7 @@ __global__ void __launch_bounds__(BCK * 2) dkdv_kernel(const BwdParams p) {
         const int qi = nb * 8 + 2 * c + (e & 1);
         float dp = s[nb][e];
         if constexpr (ACC_LOW) dp = round_t<T>(dp);
-        s[nb][e] = round_t<T>(__fmul_rn(a_elem<T, NBQ>(pa, nb, e), __fsub_rn(dp, del_s[qi])));
+        s[nb][e] = mul_round<T>(a_elem<T, NBQ>(pa, nb, e), __fsub_rn(dp, del_s[qi]));
       }
     c_to_a<T, NBQ>(pa, s);
     // ---- dK += dS^T Q
@@ -315,8 +319,7 @@ __global__ void __launch_bounds__(BRQ * 2) dq_kernel(const BwdParams p) {
         for (int e = 0; e < 4; ++e) {
           float dp = s[nb][e];
           if constexpr (ACC_LOW) dp = round_t<T>(dp);
-          s[nb][e] =
-              round_t<T>(__fmul_rn(a_elem<T, NB>(pa, nb, e), __fsub_rn(dp, del_r[e >> 1])));
+          s[nb][e] = mul_round<T>(a_elem<T, NB>(pa, nb, e), __fsub_rn(dp, del_r[e >> 1]));
         }
       c_to_a<T, NB>(pa, s);
       // ---- dQ += dS K

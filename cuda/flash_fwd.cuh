@@ -18,11 +18,11 @@
 // once, correctly (add_round), exactly the CPU's formula. O~ lives in registers as packed T
 // pairs (it is a T value), which also keeps the register count near the FP32 mode's.
 // End of row: O = round_T(O~ / l) (correctly rounded, div_round); o32 = O~ / l in FP32;
-// lse = m + log(l). Remaining differences from the CPU lab (which rounds the exact FP64
-// value at each point): the MMA's summation order and the FP32 row sum (a few FP32 ulps,
-// which can move a rounded T value by one T ulp where it falls next to a rounding
-// boundary), exp/log in FP32 (ex2.approx: ~2^-21 relative), and m - m_new, S - m_new
-// rounded to FP32 before exp.
+// lse = m + log(l) (FP64, rounded once to FP32, as the CPU). Remaining differences from
+// the CPU lab (which rounds the exact FP64 value at each point): the MMA's summation order
+// and the FP32 row sum (a few FP32 ulps, which can move a rounded T value by one T ulp where
+// it falls next to a rounding boundary), exp in FP32 (ex2.approx: ~2^-21 relative), and
+// m - m_new, S - m_new rounded to FP32 before exp.
 //
 // Stabilized flash (STAB, Qiu & Yao): per tile and row, ties = #{s : S_s >= r_m - tie_tol}
 // (the threshold r_m - tie_tol is formed in FP64 and rounded up to FP32, so the comparison
@@ -262,7 +262,8 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
     }
     if (c == 0) {
       const int64_t r = static_cast<int64_t>(bh) * T_ + row;
-      p.lse[r] = __fadd_rn(m[ri], logf(L));
+      // m + log(l) in FP64, rounded once to FP32 (as the CPU; one FP64 log per row).
+      p.lse[r] = __double2float_rn(static_cast<double>(m[ri]) + log(static_cast<double>(L)));
       if (p.p_one) p.p_one[r] = pone[ri];
     }
   }
