@@ -31,9 +31,16 @@ DeviceArena::~DeviceArena() {
 }
 
 void* DeviceArena::reserve_chunk(size_t min_bytes) {
-  const size_t bytes = round_up(std::max(min_bytes, next_chunk_bytes_), kChunkGranularity);
+  size_t bytes = round_up(std::max(min_bytes, next_chunk_bytes_), kChunkGranularity);
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes);
+  cudaError_t e = cudaMalloc(&p, bytes);
+  const size_t tight = round_up(min_bytes, kChunkGranularity);
+  if (e == cudaErrorMemoryAllocation && tight < bytes) {
+    // Near the device's limit the grown chunk may not fit where the request itself does.
+    (void)cudaGetLastError();
+    bytes = tight;
+    e = cudaMalloc(&p, bytes);
+  }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail("CUDA backend: out of device memory reserving a chunk of ", bytes,

@@ -449,8 +449,13 @@ TEST_F(GpuAttention, StatsCloseToCpuOnRandomScoresAndOffUnlessAsked) {
       const auto &gs = g.stats[h], &cs = c.stats[h];
       EXPECT_EQ(gs.rows, cs.rows);
       // Scores may differ by one ulp of f where the FP32 dot product rounds differently.
+      // With f = FP32 that dot product's own reassociation is the difference, which is
+      // several FP32 ulps of the score (review: a host emulation of hs = 64 with std-1.2
+      // inputs, sequential FMA chain vs one-rounding sum, gave max_logit differences of up
+      // to 4 FP32 ulps, > 1 ulp in a third of the heads), so FP32 allows 16 ulps as the
+      // parity test's lse does; a real error moves the maximum by a large fraction of it.
       const double ulp = std::ldexp(1.0, std::ilogb(std::fabs(cs.max_logit)) - mantissa_bits(f));
-      EXPECT_LE(std::fabs(gs.max_logit - cs.max_logit), ulp);
+      EXPECT_LE(std::fabs(gs.max_logit - cs.max_logit), (f == DType::F32 ? 16 : 1) * ulp);
       EXPECT_NEAR(gs.entropy_sum, cs.entropy_sum, (f == DType::F32 ? 1e-5 : 1e-3) * cs.entropy_sum);
       const double slack = 2 + 0.01 * static_cast<double>(cs.rows);
       EXPECT_LE(std::fabs(static_cast<double>(gs.tied_rows - cs.tied_rows)), slack);

@@ -12,8 +12,17 @@
 // the loss, gradients and weights stays below 1e-4 (bound asserted). BF16 mode: a different
 // FP32 sum flips a BF16 rounding now and then (one BF16 ulp, 2^-8 relative), and flips
 // propagate; no fixed bound is honest, so the GPU-vs-CPU difference is judged against what
-// BF16 itself does to the same model: it must stay below half of the CPU's own BF16-vs-FP32
-// difference (a summation-order effect must be small against the rounding-point effect).
+// BF16 itself does to the same model: it must stay below twice the CPU's own BF16-vs-FP32
+// difference. (Review: "below half" does not hold. The flips cascade through the BF16
+// rounding points, so two BF16 runs that differ only in FP32 summation order drift apart
+// almost as far as BF16 drifts from FP32 (two independent BF16 errors: up to sqrt(2) times
+// it), and the attention's k bias has a gradient that is 0 in exact arithmetic, pure
+// rounding noise that AdamW normalises into full-size updates. A CPU emulation (every GEMM
+// summed in another FP32 order, attention MACs in FP64; this model, these seeds) gave, as
+// fractions of the bar: step-0 gradients up to 0.50 / 0.43 / 0.67 (variants 0 / 1 / 2),
+// 10-step losses 0.60 / 0.59 / 1.05, weights 0.74 / 0.79 / 0.77, and loss0 8e-7 / 1.7e-6 /
+// 2.6e-6 against a bar of 1.5e-6 / 1.1e-6 / 2.1e-6.) A wrong attention, transposed GEMM or
+// missed mask moves the step-0 gradients by O(1), far beyond twice the BF16 bar (<= 1e-2).
 // Every figure is printed on a "parity model ..." line (tools/gpu_check.sh collects them).
 #include <gtest/gtest.h>
 
@@ -187,12 +196,15 @@ TEST_P(GpuModelBf16, MatchesTheCpuBackendWithinBf16Noise) {
   const std::string label = std::string("bf16 ") + g16.attention_names[0] + "+" + g16.attention_names[1];
   print((label + " cpu bf16 vs cpu fp32 (the bar)").c_str(), noise);
   print((label + " gpu bf16 vs cpu bf16").c_str(), d);
-  EXPECT_LT(d.loss0, 0.5 * noise.loss0 + 1e-6);
-  EXPECT_LT(d.loss_curve, 0.5 * noise.loss_curve);
-  EXPECT_LT(d.weights, 0.5 * noise.weights);
+  // Twice the bar (review: half the bar fails on a correct GPU, see the header); loss0's
+  // bar is ~1e-6 (tens of FP32 ulps: at initialisation the loss is ~ln V whatever the
+  // rounding), hence its absolute slack.
+  EXPECT_LT(d.loss0, 2 * noise.loss0 + 2e-6);
+  EXPECT_LT(d.loss_curve, 2 * noise.loss_curve);
+  EXPECT_LT(d.weights, 2 * noise.weights);
   for (size_t i = 0; i < d.grads.size(); ++i) {
     if (noise.grads[i] == 0) continue;  // e.g. padded rows only: nothing to compare against
-    EXPECT_LT(d.grads[i], 0.5 * noise.grads[i]) << param_name(static_cast<int>(i));
+    EXPECT_LT(d.grads[i], 2 * noise.grads[i]) << param_name(static_cast<int>(i));
   }
 }
 INSTANTIATE_TEST_SUITE_P(Layers, GpuModelBf16, ::testing::Values(0, 1, 2));

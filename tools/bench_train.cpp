@@ -7,9 +7,10 @@
 // the MFU target) and the ratios, the peak device memory, and a per-kernel-family
 // breakdown measured in a separate pass that synchronizes after every call (so its total
 // exceeds the free-running step time; read it as shares).
-// --B 0 picks the largest micro-batch that fits: 64, 48, 32, 24, 16, 12, 8, 6, 4, 2, 1 are
-// tried in turn, each on a fresh backend (the arena returns memory only when it goes), and
-// the first whose warm-up step runs without running out of device memory is measured.
+// --B 0 picks the largest micro-batch that fits on a GPU: 64, 48, 32, 24, 16, 12, 8, 6, 4, 2,
+// 1 are tried in turn, each on a fresh backend (the arena returns memory only when it goes),
+// and the first whose warm-up step runs without running out of device memory is measured
+// (on the CPU, --B 0 means B = 4).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -87,9 +88,12 @@ struct Setup {
 };
 
 double auto_peak_tflops(const std::string& device_name) {
-  // Dense BF16 tensor-core peak (the convention for H100 and H200 SXM).
-  if (device_name.find("H100") != std::string::npos || device_name.find("H200") != std::string::npos)
-    return 989.0;
+  // Dense BF16 tensor-core peaks: H100 SXM and H200 989 TFLOP/s (the convention),
+  // H100 PCIe 756, H100 NVL 835. Other devices: --peak-tflops.
+  auto has = [&](const char* s) { return device_name.find(s) != std::string::npos; };
+  if (has("H100") && has("PCIe")) return 756.0;
+  if (has("H100") && has("NVL")) return 835.0;
+  if (has("H100") || has("H200")) return 989.0;
   return 0.0;
 }
 
@@ -100,6 +104,8 @@ int run_train_bench(const TrainBenchArgs& a) {
   std::vector<int> candidates;
   if (a.B > 0) {
     candidates = {a.B};
+  } else if (a.device == "cpu" || (a.device == "auto" && !cuda_available())) {
+    candidates = {4};  // host memory does not run out first: the CPU default
   } else {
     candidates = {64, 48, 32, 24, 16, 12, 8, 6, 4, 2, 1};
   }
@@ -205,7 +211,7 @@ CLI::App* add_train_bench(CLI::App& app, int& rc) {
   auto* sub = app.add_subcommand(
       "train", "training tokens/s, MFU, memory and per-kernel-family time of GPT-2 (124M default)");
   sub->add_option("--device", args->device, "auto | cpu | cuda")->capture_default_str();
-  sub->add_option("--B", args->B, "micro-batch; 0: the largest that fits (tried from 64 down)")
+  sub->add_option("--B", args->B, "micro-batch; 0: the largest that fits on a GPU (64 down), 4 on the CPU")
       ->capture_default_str();
   sub->add_option("--T", args->T, "sequence length")->capture_default_str();
   sub->add_option("--steps", args->steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
