@@ -15,7 +15,8 @@
 //
 // Forward:
 //   S  = round_f(fl32(scale * (Q K^T)))     batched GEMM, alpha = scale (see below)
-//   per row t (kernel softmax_forward_kernel), keys s < n (n = t + 1 causal, else T):
+//   per row t (kernel softmax_forward_kernel; the row is cached in shared memory when it
+//   fits, T <= 12288, so S is read once), keys s < n (n = t + 1 causal, else T):
 //     mx = max_s S; e_s = fl32(exp(S_s - mx)) (difference and exp in FP64, as the CPU);
 //     sum = FP32 sum of e_s (fixed order: thread-strided partials, then block_sum's tree);
 //     P_s = round_f(e_s / sum) (quotient in FP64, rounded once); P_s = 0 for s >= n;
@@ -53,6 +54,7 @@
 // attention.* key: those run on the CPU backend (device: cpu).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -142,28 +144,35 @@ struct RowStats {
   int* p_one = nullptr;  // entries of P equal to 1
 };
 
-// In place: the row of S becomes the row of P. Reads of S (passes 1-3) all precede the
-// barrier inside the last block reduction; in the write pass each element is read and
-// then written by the same thread, and columns s >= n are only written.
-template <class T>
+// In place: the row of S becomes the row of P. Reads of S all precede the barrier inside
+// the last block reduction before the write pass; in the write pass each element is read
+// and then written by the same thread, and columns s >= n are only written.
+// CACHE (the row fits in shared memory, launch_softmax_forward): S is read from global
+// memory once, kept in dynamic shared memory as FP32 and overwritten there by e_s, so one
+// global read and one write per element and one FP64 exp instead of three reads and two
+// exps. Every thread touches only its own strided elements s = threadIdx.x + k*blockDim.x,
+// in the same order either way, so both variants give the same bits (tested).
+template <class T, bool CACHE>
 __global__ void __launch_bounds__(kRowThreads)
     softmax_forward_kernel(T* SP, float* lse, int Tn, int64_t ld, bool causal, RowStats st,
                            double tie_tol) {
   __shared__ float sm_f[32];
   __shared__ double sm_d[32];
   __shared__ int sm_i[32];
+  extern __shared__ float row_cache[];  // CACHE: n floats
   const int64_t row = blockIdx.x;  // bh * T + t
   const int t = static_cast<int>(row % Tn);
   const int n = causal ? t + 1 : Tn;  // visible keys 0 .. n-1
   T* x = SP + row * ld;
+  auto score = [&](int s) { return CACHE ? row_cache[s] : to_float(x[s]); };
 
   float mx = -INFINITY;
-  for (int s = threadIdx.x; s < n; s += blockDim.x) mx = fmaxf(mx, to_float(x[s]));
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    const float v = to_float(x[s]);
+    if (CACHE) row_cache[s] = v;
+    mx = fmaxf(mx, v);
+  }
   mx = block_max(mx, sm_f);
-
-  float sum = 0.0f;  // the CPU's FP32 row sum, reassociated
-  for (int s = threadIdx.x; s < n; s += blockDim.x) sum += row_exp(to_float(x[s]), mx);
-  sum = block_sum(sum, sm_f);
 
   const bool stats = st.entropy != nullptr;
   if (stats) {  // the CPU's row_stats, in FP64 from the stored scores
@@ -171,7 +180,7 @@ __global__ void __launch_bounds__(kRowThreads)
     int tied = 0;
     double z = 0;
     for (int s = threadIdx.x; s < n; s += blockDim.x) {
-      const double v = to_float(x[s]);
+      const double v = score(s);
       tied += v >= m - tie_tol;
       z += exp(v - m);
     }
@@ -179,7 +188,7 @@ __global__ void __launch_bounds__(kRowThreads)
     z = block_sum(z, sm_d);
     double h = 0;
     for (int s = threadIdx.x; s < n; s += blockDim.x) {
-      const double p = exp(static_cast<double>(to_float(x[s])) - m) / z;
+      const double p = exp(static_cast<double>(score(s)) - m) / z;
       if (p > 0) h -= p * log(p);
     }
     h = block_sum(h, sm_d);
@@ -190,12 +199,21 @@ __global__ void __launch_bounds__(kRowThreads)
     }
   }
 
+  float sum = 0.0f;  // the CPU's FP32 row sum, reassociated
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    const float e = row_exp(score(s), mx);
+    if (CACHE) row_cache[s] = e;  // S_s is not needed any more
+    sum += e;
+  }
+  sum = block_sum(sum, sm_f);
+
   const double dsum = sum;
   int ones = 0;
   for (int s = threadIdx.x; s < Tn; s += blockDim.x) {
     T p = from_float<T>(0.0f);
     if (s < n) {
-      p = round_once<T>(static_cast<double>(row_exp(to_float(x[s]), mx)) / dsum);
+      const float e = CACHE ? row_cache[s] : row_exp(to_float(x[s]), mx);
+      p = round_once<T>(static_cast<double>(e) / dsum);
       ones += to_float(p) == 1.0f;
     }
     x[s] = p;
@@ -209,28 +227,48 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // In place: the row of dP becomes the row of dS. The reads of the delta pass precede the
 // barriers inside block_sum; then each element is read and written by the same thread.
-template <class T>
+// CACHE: dP and P are kept in dynamic shared memory (2 n elements of T) by the delta pass,
+// so the write pass reads no global memory; same arithmetic, same bits.
+template <class T, bool CACHE>
 __global__ void __launch_bounds__(kRowThreads)
     softmax_backward_kernel(T* dPS, const T* P, int Tn, int64_t ld, bool causal) {
   __shared__ float sm_f[32];
+  extern __shared__ __align__(16) unsigned char row_bytes[];  // CACHE: dP[n], then P[n]
   const int64_t row = blockIdx.x;
   const int t = static_cast<int>(row % Tn);
   const int n = causal ? t + 1 : Tn;
   T* g = dPS + row * ld;
   const T* p = P + row * ld;
+  T* gc = reinterpret_cast<T*>(row_bytes);
+  T* pc = gc + n;
 
   float acc = 0.0f;  // the CPU's FP32 FMA chain, reassociated
-  for (int s = threadIdx.x; s < n; s += blockDim.x) acc = fmaf(to_float(g[s]), to_float(p[s]), acc);
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    const T gs = g[s], ps = p[s];
+    if (CACHE) {
+      gc[s] = gs;
+      pc[s] = ps;
+    }
+    acc = fmaf(to_float(gs), to_float(ps), acc);
+  }
   const double delta = block_sum(acc, sm_f);
 
   for (int s = threadIdx.x; s < Tn; s += blockDim.x) {
     T v = from_float<T>(0.0f);
     if (s < n) {
-      const double dp = to_float(g[s]);
-      v = round_once<T>(static_cast<double>(to_float(p[s])) * (dp - delta));
+      const double dp = to_float(CACHE ? gc[s] : g[s]);
+      v = round_once<T>(static_cast<double>(to_float(CACHE ? pc[s] : p[s])) * (dp - delta));
     }
     g[s] = v;
   }
+}
+
+// Shared memory a block may take without opting in; rows that need more use the uncached
+// kernels. STABLETRAIN_ATTN_NO_ROW_CACHE=1 forces the uncached kernels (tests compare them).
+constexpr size_t kRowCacheBytes = 48 * 1024;
+bool row_cache_allowed() {  // read at every launch (cheap), so a test can switch it
+  const char* e = std::getenv("STABLETRAIN_ATTN_NO_ROW_CACHE");
+  return !(e && *e && std::string(e) != "0");
 }
 
 // ---- launchers
@@ -416,9 +454,16 @@ class AttentionCudaBaseline final : public Attention {
     }
     cudak::dispatch_storage(d.f, "attention softmax", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      softmax_forward_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-          static_cast<T*>(P_.raw()), static_cast<float*>(lse.raw()), d.T, d.Tp, cfg_.causal, st,
-          cfg_.tie_tol);
+      const size_t cache = static_cast<size_t>(d.T) * sizeof(float);
+      if (row_cache_allowed() && cache <= kRowCacheBytes) {
+        softmax_forward_kernel<T, true><<<static_cast<unsigned>(rows), kRowThreads, cache, stream>>>(
+            static_cast<T*>(P_.raw()), static_cast<float*>(lse.raw()), d.T, d.Tp, cfg_.causal,
+            st, cfg_.tie_tol);
+      } else {
+        softmax_forward_kernel<T, false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+            static_cast<T*>(P_.raw()), static_cast<float*>(lse.raw()), d.T, d.Tp, cfg_.causal,
+            st, cfg_.tie_tol);
+      }
       ST_CUDA_CHECK_LAUNCH("softmax_forward_kernel");
     });
 
@@ -467,8 +512,14 @@ class AttentionCudaBaseline final : public Attention {
 
     cudak::dispatch_storage(d.f, "attention softmax backward", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      softmax_backward_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-          static_cast<T*>(dP.raw()), static_cast<const T*>(P_.raw()), d.T, d.Tp, cfg_.causal);
+      const size_t cache = 2 * static_cast<size_t>(d.T) * sizeof(T);
+      if (row_cache_allowed() && cache <= kRowCacheBytes) {
+        softmax_backward_kernel<T, true><<<static_cast<unsigned>(rows), kRowThreads, cache, stream>>>(
+            static_cast<T*>(dP.raw()), static_cast<const T*>(P_.raw()), d.T, d.Tp, cfg_.causal);
+      } else {
+        softmax_backward_kernel<T, false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+            static_cast<T*>(dP.raw()), static_cast<const T*>(P_.raw()), d.T, d.Tp, cfg_.causal);
+      }
       ST_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
     });
     const Tensor& dS = dP;

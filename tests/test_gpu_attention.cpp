@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -315,6 +316,37 @@ TEST_F(GpuAttention, ForwardBackwardBitIdenticalRunToRun) {
       EXPECT_TRUE(same);
       std::printf("determinism baseline attention %s (%s): %s\n", dtype_name(f), p.label().c_str(),
                   same ? "bit-identical" : "DIFFERENT");
+    }
+}
+
+// The softmax row kernels keep a row in shared memory when it fits (S read once) and fall
+// back to re-reading global memory otherwise; both do the same arithmetic in the same order,
+// so they must give the same bits, statistics included. STABLETRAIN_ATTN_NO_ROW_CACHE=1
+// forces the fallback.
+TEST_F(GpuAttention, RowCachedAndUncachedSoftmaxGiveTheSameBits) {
+  const Problem probs[] = {{2, 257, 3, 64, true}, {1, 100, 2, 20, false}};
+  for (DType f : {DType::BF16, DType::F32})
+    for (const Problem& p : probs) {
+      SCOPED_TRACE(std::string(dtype_name(f)) + " " + p.label());
+      const Inputs in = make_inputs(p, f, 91);
+      AttentionConfig cfg = baseline(p.causal);
+      cfg.collect_stats = true;
+      ::unsetenv("STABLETRAIN_ATTN_NO_ROW_CACHE");
+      const Result cached = run(*gpu_, cfg, p, f, in);
+      ::setenv("STABLETRAIN_ATTN_NO_ROW_CACHE", "1", 1);
+      const Result uncached = run(*gpu_, cfg, p, f, in);
+      ::unsetenv("STABLETRAIN_ATTN_NO_ROW_CACHE");
+      EXPECT_TRUE(same_bits(cached.out, uncached.out));
+      EXPECT_TRUE(same_bits(cached.lse, uncached.lse));
+      EXPECT_TRUE(same_bits(cached.dqkv, uncached.dqkv));
+      ASSERT_EQ(cached.stats.size(), uncached.stats.size());
+      ASSERT_EQ(cached.stats.size(), static_cast<size_t>(p.NH));
+      for (size_t h = 0; h < cached.stats.size(); ++h) {
+        EXPECT_EQ(cached.stats[h].max_logit, uncached.stats[h].max_logit);
+        EXPECT_EQ(cached.stats[h].tied_rows, uncached.stats[h].tied_rows);
+        EXPECT_EQ(cached.stats[h].p_one, uncached.stats[h].p_one);
+        EXPECT_EQ(cached.stats[h].entropy_sum, uncached.stats[h].entropy_sum);
+      }
     }
 }
 
