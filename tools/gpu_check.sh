@@ -1,43 +1,99 @@
 #!/usr/bin/env bash
-# The one script to run on a GPU machine (from the repo root; $OUT = output folder, default
-# ./gpu_out). It records the machine, builds the CUDA backend, and runs the stages named in
-# GPU_CHECK_STAGES (comma-separated; default all: build,test,bench,train). A device call is
-# limited to 10 minutes, so a session usually runs it in two or three calls, e.g.
-#   GPU_CHECK_STAGES=build,test   then   GPU_CHECK_STAGES=bench,train
-# (the build is incremental: every stage first builds what it needs).
-#   build  configure + build the GPU tests, bench_gpu, bench, train, prepare_data, compare
-#   test   ctest -L gpu: conversions, GEMMs, the CUDA-vs-CPU parity table of every Backend
-#          method, baseline attention (test_gpu_attention), flash and stabilized flash
-#          (test_gpu_flash), the whole model and the trainer (test_gpu_model)
-#   bench  bench_gpu (GEMMs, conversions), bench_gpu kernels (every Backend method),
-#          bench train (GPT-2 124M tokens/s, MFU, breakdown, memory; baseline, flash,
-#          stabilized), bench attention (TFLOP/s, memory vs T, delta modes) and the PyTorch
-#          side-by-sides (cuBLAS GEMMs, scaled_dot_product_attention FLASH) when torch has CUDA
-#   train  configs/gpt2_small.yaml on Tiny Shakespeare (carried data_cache/tiny_shakespeare:
-#          run with carry ["data_cache/tiny_shakespeare", ".gpu_deps"]), GPU_CHECK_TRAIN_STEPS
-#          (default 300) steps with each attention backend, losses side by side
-# Files in $OUT (at most 8 come back from a device call):
-#   gpu_check.log    everything, in order (nvidia-smi output included)
-#   ctest_gpu.txt    test output (verbose)          bench_gpu.txt  bench_gpu + kernels output
-#   bench_train.txt  bench train outputs            bench_attention.txt  bench attention output
-#   torch.txt        torch comparisons              train.txt      the training runs' summary
-#   gpu_results.md   summary to commit to bench/results/ (device, driver, commit, date)
-# A short summary table is printed last.
-# Exit status: 0 all passed; 1 the GPU targets did not build or the gpu tests failed; 2 the
-# tests passed (or were not run) but a benchmark or training run failed.
+# The one script to run on a GPU machine, from the repository root. README ("Training on a
+# GPU") gives the exact device calls and what to carry. It
+#   1. probes the machine (GPU, driver, OS, glibc, compilers, CMake, Ninja, where cuBLASLt and
+#      NCCL are: the toolkit or PyTorch's nvidia wheels) into probe.txt;
+#   2. gets the programs: from the prebuilt bundle .gpu_bundle/stabletrain-gpu.tar.xz
+#      (tools/gpu_bundle.sh) when it was built from the sources of this tree, else by
+#      building here (CMake, Ninja when present) with the Debian packages carried in
+#      .gpu_deps/ (tools/gpu_deps.sh) unpacked into a private prefix; then checks that every
+#      program loads (CUDA libraries resolved from the toolkit or the wheels);
+#   3. runs the stages named in GPU_CHECK_STAGES (comma-separated, default test,bench,train):
+#        build  nothing more (step 2 only; the CI check tools/offline_build_check.sh uses it)
+#        test   every gpu test program, one case per process, 120 s each (tools/run_gtests.sh)
+#        bench  bench_gpu, bench attention and PyTorch's SDPA beside it, bench train (GPT-2
+#               124M tokens/s, MFU) per attention backend, bench_gpu kernels, PyTorch GEMMs
+#        train  configs/gpt2_small.yaml on Tiny Shakespeare (carried data_cache/tiny_shakespeare)
+#               with each attention backend, losses side by side
+# A device call runs 10 minutes at most and a session's GPU time is about 15 minutes, starts
+# included, so the defaults fit all three stages into one call: every step runs under a
+# deadline (its stage's cap, and GPU_CHECK_BUDGET_S from the start less a reserve), the
+# results are written even when time runs out, and the whole script runs under `timeout` as
+# a last resort.
+#
+# Environment:
+#   OUT                      output folder (default ./gpu_out)
+#   GPU_CHECK_STAGES         default test,bench,train
+#   GPU_CHECK_BUDGET_S       seconds for this call (default 570; a device call allows 600)
+#   GPU_CHECK_TEST_S, GPU_CHECK_BENCH_S, GPU_CHECK_TRAIN_S
+#                            caps on each stage (default 240, 150, 240 s), within the budget
+#   GPU_CHECK_BUNDLE         auto (default) | require | off
+#   GPU_CHECK_BUILD_DIR      build folder (default build-gpu)
+#   GPU_CHECK_CUDA_ARCH      CMAKE_CUDA_ARCHITECTURES of a build (default 90)
+#   GPU_CHECK_TEST_TIMEOUT_S seconds per test case (default 120)
+#   GPU_CHECK_TEST_FILTER    gtest filter (default *)
+#   GPU_CHECK_TRAIN_STEPS    steps per attention backend (default 100)
+#   GPU_CHECK_DEPS_PREFIX    where carried packages are unpacked (default /tmp/stabletrain_deps)
+# Files in $OUT (each call writes its stages' files; a device call brings back 8 at most):
+#   gpu_check.log  everything, in order      probe.txt      the machine
+#   build.log      configure + build (when building)
+#   tests_gpu.txt  test output               bench.txt      every benchmark's output
+#   train.txt      training runs' summary    gpu_results.md summary for bench/results/
+# Exit status: 0 all ran and passed; 1 the programs could not be had (build, bundle, missing
+# library) or a gpu test failed; 2 the tests passed or were not run, but a benchmark or a
+# training run failed or ran out of time.
+# One { } block: bash reads it whole before running it, so editing this file while it runs
+# (a long build) cannot change what runs.
+{
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$(pwd)"
+BUDGET="${GPU_CHECK_BUDGET_S:-570}"
+if [[ -z "${ST_GPU_CHECK_GUARD:-}" ]] && command -v timeout >/dev/null 2>&1; then
+  export ST_GPU_CHECK_GUARD=1  # the last resort: the deadlines below should end it first
+  exec timeout -k 10 $((BUDGET + 15)) bash "$0" "$@"
+fi
+T0="$(date +%s)"
+RESERVE=25  # seconds kept for the results file
 OUT="${OUT:-./gpu_out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/gpu_check.log"
 BUILD="${GPU_CHECK_BUILD_DIR:-build-gpu}"
+STAGES=",${GPU_CHECK_STAGES:-test,bench,train},"
 JOBS="$(nproc 2>/dev/null || echo 8)"
+WORK="$(mktemp -d /tmp/stabletrain_gpu_check.XXXXXX)"
 : >"$LOG"
 
-say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
-# logged FILE CMD...: run CMD, its output into FILE (if not -) and the log; CMD's status.
+say() { echo "[gpu_check $(date -u +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$LOG" >&2; }
+trap 'say "ERROR at line $LINENO: $BASH_COMMAND (a bug in this script: the results file is not written)"' ERR
+has_stage() { [[ "$STAGES" == *",$1,"* ]]; }
+# Each stage ends by its own cap (GPU_CHECK_TEST_S, _BENCH_S, _TRAIN_S) or the call's end,
+# whichever comes first; left() counts down to it.
+END=$((T0 + BUDGET - RESERVE))
+STAGE_END="$END"
+begin_stage() {  # begin_stage CAP_S
+  STAGE_END=$(($(date +%s) + $1))
+  ((STAGE_END > END)) && STAGE_END="$END"
+  return 0
+}
+left() { echo $((STAGE_END - $(date +%s))); }
+# within CAP CMD...: CMD under a timeout of CAP seconds or the time left, whichever is less;
+# status 124 when it ran out of time (or was not started: under 10 s left).
+within() {
+  local cap="$1" l
+  shift
+  l="$(left)"
+  ((l < cap)) && cap="$l"
+  if ((cap < 10)); then
+    echo "not started: out of time (this stage's cap or GPU_CHECK_BUDGET_S=$BUDGET)"
+    return 124
+  fi
+  timeout -k 10 "$cap" "$@"
+}
+out_of_time_note() { if [[ "$1" == 124 ]]; then echo " (out of time)"; fi; }
+# logged FILE CMD...: CMD's output into FILE (if not -) and the log; CMD's status.
 logged() {
   local file="$1"
   shift
@@ -45,9 +101,11 @@ logged() {
   if [[ "$file" == - ]]; then
     "$@" >>"$LOG" 2>&1
   else
-    "$@" 2>&1 | tee "$file" >>"$LOG"
+    "$@" 2>&1 | tee -a "$file" >>"$LOG"
   fi
 }
+# shellcheck source=tools/gpu_lib.sh
+source tools/gpu_lib.sh
 
 # ---- 1. the machine and the code --------------------------------------------------------
 DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -57,181 +115,316 @@ if git rev-parse HEAD >/dev/null 2>&1; then
   COMMIT="$(git rev-parse HEAD)"
   DIRTY="$(git status --porcelain | wc -l | tr -d ' ')"
 fi
-say "date $DATE, commit $COMMIT ($DIRTY uncommitted paths), host $(hostname)"
-GPU="unknown"
-DRIVER="unknown"
+SRC_HASH="$(source_hash)"
+GPU="none"
+DRIVER="none"
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi >>"$LOG" 2>&1 || true
-  GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo unknown)"
-  DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || echo unknown)"
-else
-  echo "nvidia-smi not found" >>"$LOG"
+  GPU="$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+  DRIVER="$(timeout 30 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || true)"
+  GPU="${GPU:-none (nvidia-smi found no GPU)}"
+  DRIVER="${DRIVER:-none}"
 fi
-say "GPU: $GPU, driver $DRIVER"
+ver() { command -v "$1" >/dev/null 2>&1 && { timeout 20 "$@" 2>&1 | grep -m1 -E '[0-9]+\.[0-9]+' || true; } || echo "not found"; }
+{
+  echo "date:       $DATE"
+  echo "commit:     $COMMIT ($DIRTY uncommitted paths), sources $SRC_HASH"
+  echo "host:       $(hostname), $(nproc 2>/dev/null) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo 2>/dev/null)"
+  echo "os:         $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), kernel $(uname -r), glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')"
+  echo "gpu:        $(command -v nvidia-smi >/dev/null && timeout 30 nvidia-smi -L 2>&1 | tr '\n' ' ' || echo 'nvidia-smi not found')"
+  echo "driver:     $DRIVER"
+  echo "nvcc:       $(command -v nvcc >/dev/null && ver nvcc --version | sed 's/^.*release/release/' || ver /usr/local/cuda/bin/nvcc --version)"
+  echo "g++:        $(ver g++ --version)"
+  echo "cmake:      $(ver cmake --version)"
+  echo "ninja:      $(ver ninja --version)"
+  echo "make:       $(ver make --version)"
+  echo "python3:    $(ver python3 --version), torch $(timeout 60 python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>/dev/null || echo 'not importable')"
+  echo "dpkg:       $(command -v dpkg-deb >/dev/null && echo yes || echo no), ar: $(command -v ar >/dev/null && echo yes || echo no), apt-get: $(command -v apt-get >/dev/null && echo yes || echo no)"
+  for lib in libcublasLt.so.13 libcublas.so.13 libnccl.so.2 libcudnn.so.9 libcuda.so.1; do
+    printf '%-19s %s\n' "$lib:" "$(d="$(find_lib "$lib")"; echo "${d:-not found}")"
+  done
+  echo "carried:    .gpu_bundle: $(ls .gpu_bundle 2>/dev/null | tr '\n' ' ' || true)| .gpu_deps: $(ls .gpu_deps/*.deb 2>/dev/null | wc -l) .debs | data_cache/tiny_shakespeare: $(ls data_cache/tiny_shakespeare 2>/dev/null | wc -l) files"
+} >"$OUT/probe.txt" 2>&1
+cat "$OUT/probe.txt" >>"$LOG"
+timeout 30 nvidia-smi >>"$LOG" 2>&1 || true
+say "GPU: $GPU, driver $DRIVER; commit $COMMIT; stages:${STAGES//,/ }; budget ${BUDGET} s"
 
-# ---- 2. build dependencies (best effort: the machine may be offline) --------------------
-mapfile -t pkgs < <(grep -v '^#' tools/debian-packages.txt | tr ' ' '\n' | grep .)
-missing=()
-for pkg in "${pkgs[@]}"; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-  say "installing missing build dependencies: ${missing[*]}"
-  SUDO=()
-  if [[ "$(id -u)" != 0 ]] && command -v sudo >/dev/null 2>&1; then SUDO=(sudo -n); fi
-  if command -v apt-get >/dev/null 2>&1 &&
-    logged - ${SUDO[@]+"${SUDO[@]}"} env DEBIAN_FRONTEND=noninteractive apt-get update &&
-    logged - ${SUDO[@]+"${SUDO[@]}"} env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; then
-    say "installed: ${missing[*]}"
+# ---- 2. the programs: a bundle that matches these sources, or a build ---------------------
+BIN=""
+PROGRAMS_FROM=""
+BUNDLE_MODE="${GPU_CHECK_BUNDLE:-auto}"
+BUNDLE_FILE=.gpu_bundle/stabletrain-gpu.tar.xz
+if [[ "$BUNDLE_MODE" != off && -f "$BUNDLE_FILE" ]]; then
+  say "unpacking $BUNDLE_FILE"
+  if tar -xJf "$BUNDLE_FILE" -C "$WORK" 2>>"$LOG" && [[ -f "$WORK/stabletrain-gpu/MANIFEST" ]]; then
+    manifest="$WORK/stabletrain-gpu/MANIFEST"
+    cat "$manifest" >>"$LOG"
+    b_hash="$(awk '$1 == "sources:" { print $2 }' "$manifest")"
+    b_glibc="$(awk '$1 == "glibc_required:" { print $2 }' "$manifest")"
+    have_glibc="$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')"
+    if [[ "$b_hash" != "$SRC_HASH" ]]; then
+      say "the bundle was built from other sources (bundle $b_hash, this tree $SRC_HASH): not used"
+    elif [[ -n "$b_glibc" && -n "$have_glibc" ]] && ! version_ge "$have_glibc" "$b_glibc"; then
+      say "the bundle needs glibc $b_glibc, this machine has $have_glibc: not used"
+    else
+      BIN="$WORK/stabletrain-gpu/bin"
+      PROGRAMS_FROM="bundle ($(awk '$1 == "commit:" { print $2 }' "$manifest"), sources $b_hash)"
+    fi
   else
-    say "WARNING: could not install ${missing[*]} (no apt-get, no root, or offline); continuing"
+    say "cannot unpack $BUNDLE_FILE (see the log)"
   fi
 fi
-# Offline machine: Debian packages carried in .gpu_deps/ (tools/gpu_deps.sh) are unpacked
-# into a private prefix and handed to CMake and the loader. Unverified until a GPU session.
-CMAKE_DEP_ARGS=()
-if [[ -d .gpu_deps ]] && compgen -G ".gpu_deps/*.deb" >/dev/null && ! dpkg -s libyaml-cpp-dev >/dev/null 2>&1; then
-  DEPS=/tmp/stabletrain_deps
-  mkdir -p "$DEPS"
-  for deb in .gpu_deps/*.deb; do
-    if command -v dpkg-deb >/dev/null 2>&1; then
-      dpkg-deb -x "$deb" "$DEPS" 2>>"$LOG" || say "WARNING: could not unpack $deb"
-    else  # a non-Debian image: a .deb is an ar archive holding data.tar.xz
-      (ar p "$deb" data.tar.xz | tar -xJ -C "$DEPS") 2>>"$LOG" || say "WARNING: could not unpack $deb"
+if [[ -z "$BIN" && "$BUNDLE_MODE" == require ]]; then
+  say "GPU_CHECK_BUNDLE=require and no usable bundle: build one here with tools/gpu_bundle.sh and carry .gpu_bundle"
+elif [[ -z "$BIN" ]]; then
+  # The build's dependencies: installed packages, else the carried .debs, else apt-get (an
+  # offline machine may hang on it, so it comes last and under a short timeout).
+  mapfile -t devpkgs < <(grep -v '^#' tools/debian-packages-gpu.txt | tr ' ' '\n' | grep -- '-dev$')
+  missing=()
+  for p in "${devpkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if ((${#missing[@]})) && ! compgen -G ".gpu_deps/*.deb" >/dev/null &&
+    command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    say "no .gpu_deps carried: trying apt-get for ${missing[*]}"
+    if logged - within 60 env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+      logged - within 300 env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+      missing=()
+    else
+      say "apt-get could not install them (offline?)"
     fi
-  done
-  ARCHLIB="$DEPS/usr/lib/x86_64-linux-gnu"
-  export LD_LIBRARY_PATH="$ARCHLIB:$ARCHLIB/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"
-  CMAKE_DEP_ARGS=(-DCMAKE_PREFIX_PATH="$DEPS/usr" -DST_OPENBLAS_DIR="$ARCHLIB/openblas-openmp"
-    -DCBLAS_INCLUDE_DIR="$DEPS/usr/include/x86_64-linux-gnu/openblas-openmp")
-  say "using carried Debian packages unpacked in $DEPS"
-fi
-command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]] ||
-  say "WARNING: nvcc not found in PATH or /usr/local/cuda/bin: the CUDA build will fail"
-BUILD_TESTING=ON
-if ! dpkg -s libgtest-dev >/dev/null 2>&1 && [[ ! -f /usr/include/gtest/gtest.h ]]; then
-  say "WARNING: GoogleTest is not installed: building without tests (bench only)"
-  BUILD_TESTING=OFF
+  fi
+  CMAKE_DEP_ARGS=()
+  DEPS_OK=1
+  if ((${#missing[@]})); then
+    if compgen -G ".gpu_deps/*.deb" >/dev/null; then
+      DEPS="${GPU_CHECK_DEPS_PREFIX:-/tmp/stabletrain_deps}"
+      rm -rf "$DEPS"
+      mkdir -p "$DEPS"
+      for deb in .gpu_deps/*.deb; do
+        if command -v dpkg-deb >/dev/null 2>&1; then
+          dpkg-deb -x "$deb" "$DEPS" 2>>"$LOG" || { say "cannot unpack $deb"; DEPS_OK=0; }
+        else  # a .deb is an ar archive holding data.tar.{xz,zst,gz}
+          member="$(ar t "$deb" | grep '^data\.tar' || true)"
+          (ar p "$deb" "$member" | tar -xa -C "$DEPS" -f - 2>/dev/null ||
+            ar p "$deb" "$member" | tar -xJ -C "$DEPS") 2>>"$LOG" || { say "cannot unpack $deb"; DEPS_OK=0; }
+        fi
+      done
+      ARCH=x86_64-linux-gnu
+      ARCHLIB="$DEPS/usr/lib/$ARCH"
+      # Debian keeps some headers under the multiarch folder (openssl/opensslconf.h, the
+      # OpenMP OpenBLAS's cblas.h): both folders go on the include path.
+      export CPATH="$DEPS/usr/include:$DEPS/usr/include/$ARCH${CPATH:+:$CPATH}"
+      export LIBRARY_PATH="$ARCHLIB${LIBRARY_PATH:+:$LIBRARY_PATH}"
+      export LD_LIBRARY_PATH="$ARCHLIB:$ARCHLIB/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      CMAKE_DEP_ARGS=(-DCMAKE_PREFIX_PATH="$DEPS/usr" -DOPENSSL_ROOT_DIR="$DEPS/usr"
+        -DST_OPENBLAS_DIR="$ARCHLIB/openblas-openmp" -DCBLAS_INCLUDE_DIR="$DEPS/usr/include/$ARCH/openblas-openmp")
+      still=()
+      for p in "${missing[@]}"; do compgen -G ".gpu_deps/${p}_*.deb" >/dev/null || still+=("$p"); done
+      if ((${#still[@]})); then
+        say "MISSING: .gpu_deps lacks ${still[*]} (tools/debian-packages-gpu.txt lists them; rerun tools/gpu_deps.sh)"
+        DEPS_OK=0
+      fi
+      say "using the carried Debian packages, unpacked in $DEPS"
+    else
+      say "MISSING build dependencies ${missing[*]}: carry .gpu_deps (tools/gpu_deps.sh) or a bundle (tools/gpu_bundle.sh)"
+      DEPS_OK=0
+    fi
+  fi
+  # NCCL: the toolkit's, else the one in PyTorch's nvidia-nccl wheel.
+  if ! compgen -G "/usr/local/cuda/include/nccl.h" >/dev/null; then
+    while IFS= read -r d; do
+      if [[ -f "$d/libnccl.so.2" && -f "$d/../include/nccl.h" ]]; then
+        CMAKE_DEP_ARGS+=(-DST_NCCL_LIBRARY="$d/libnccl.so.2" -DST_NCCL_INCLUDE_DIR="$(cd "$d/../include" && pwd)")
+        say "NCCL from $d"
+        break
+      fi
+    done < <(cuda_lib_dirs)
+  fi
+  GEN=()
+  command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+  if [[ -f "$BUILD/CMakeCache.txt" ]]; then  # an existing build folder keeps its generator
+    GEN=(-G "$(awk -F= '/^CMAKE_GENERATOR:/ { print $2 }' "$BUILD/CMakeCache.txt")")
+  fi
+  # The same configuration as a bundle (tools/gpu_bundle.sh packs this build folder):
+  # no -march=native (the programs may run on another CPU), no MPI (the GPU image has no
+  # launcher; NCCL ids travel by file or TCP), RPATH $ORIGIN/../lib (the bundle's lib/, set
+  # as DT_RPATH so the libraries it loads find theirs too), gtest discovery at test time (a
+  # build never runs a GPU program).
+  CONFIG=(-DCMAKE_BUILD_TYPE=Release -DSTABLETRAIN_CUDA=ON
+    -DCMAKE_CUDA_ARCHITECTURES="${GPU_CHECK_CUDA_ARCH:-90}" -DSTABLETRAIN_NATIVE=OFF
+    -DSTABLETRAIN_MPI=OFF -DBUILD_TESTING=ON
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN/../lib"
+    -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags
+    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST)
+  if ((DEPS_OK)); then
+    say "configure + build the GPU programs ($BUILD, ${GEN[*]:-default generator}, -j$JOBS)"
+    : >"$OUT/build.log"
+    t_build="$(date +%s)"
+    if logged "$OUT/build.log" within 900 cmake -S . -B "$BUILD" ${GEN[@]+"${GEN[@]}"} "${CONFIG[@]}" \
+      ${CMAKE_DEP_ARGS[@]+"${CMAKE_DEP_ARGS[@]}"} &&
+      logged "$OUT/build.log" within 1800 cmake --build "$BUILD" -j "$JOBS" --target gpu_programs; then
+      BIN="$BUILD/bin"
+      PROGRAMS_FROM="build here ($BUILD, $(($(date +%s) - t_build)) s)"
+      # What a later script (tools/gpu_bundle.sh) needs to find the same libraries.
+      {
+        for v in CPATH LIBRARY_PATH LD_LIBRARY_PATH; do
+          [[ -n "${!v:-}" ]] && printf 'export %s=%q\n' "$v" "${!v}"
+        done
+      } >"$BUILD/stabletrain_env.sh"
+    else
+      say "BUILD FAILED (the end of build.log follows)"
+      tail -25 "$OUT/build.log" >&2 || true
+    fi
+  fi
 fi
 
-# ---- 3. configure and build -------------------------------------------------------------
-STAGES=",${GPU_CHECK_STAGES:-build,test,bench,train},"
-has_stage() { [[ "$STAGES" == *",$1,"* ]]; }
-say "stages: ${STAGES//,/ }"
-BUILD_OK=0
-GPU_TARGETS=(bench_gpu bench train prepare_data compare)
-if [[ "$BUILD_TESTING" == ON ]]; then
-  GPU_TARGETS+=(test_gpu_kernels test_gpu_attention test_gpu_flash test_gpu_model)
+# Every program must load: the CUDA libraries it misses are looked up (toolkit, wheels);
+# anything else missing means the build or the bundle is incomplete.
+PROGRAMS_OK=0
+PROGRAMS=()
+if [[ -n "$BIN" ]]; then
+  list="$BIN/../gpu_programs.txt"  # written by CMake beside bin/; a bundle keeps it there
+  if [[ -f "$list" ]]; then
+    for p in $(cat "$list"); do PROGRAMS+=("$BIN/$p"); done
+    PROGRAMS_OK=1
+    for p in "${PROGRAMS[@]}"; do
+      [[ -x "$p" ]] || { say "MISSING program $p"; PROGRAMS_OK=0; }
+    done
+    if ((PROGRAMS_OK)); then
+      resolve_cuda_libs "${PROGRAMS[@]}" || PROGRAMS_OK=0
+      still="$(missing_libs "${PROGRAMS[@]}" | tr '\n' ' ')"
+      if [[ -n "${still// /}" ]]; then
+        say "the programs cannot load: missing $still"
+        PROGRAMS_OK=0
+      fi
+    fi
+    if ((PROGRAMS_OK)); then
+      for p in "${PROGRAMS[@]}"; do
+        if [[ "$(basename "$p")" == test_* ]]; then
+          logged - within 60 "$p" --gtest_list_tests || { say "$p does not start (see the log)"; PROGRAMS_OK=0; }
+        fi
+      done
+      logged - within 60 "$BIN/train" --help-config || { say "train does not start"; PROGRAMS_OK=0; }
+    fi
+  else
+    say "no gpu_programs.txt beside $BIN"
+  fi
 fi
-say "configure + build ${GPU_TARGETS[*]} ($BUILD, -j$JOBS)"
-if logged - cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSTABLETRAIN_CUDA=ON ${CMAKE_DEP_ARGS[@]+"${CMAKE_DEP_ARGS[@]}"} \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_TESTING="$BUILD_TESTING" &&
-  logged - cmake --build "$BUILD" -j "$JOBS" --target "${GPU_TARGETS[@]}"; then
-  BUILD_OK=1
-  say "build ok"
+if ((PROGRAMS_OK)); then
+  say "programs: ${#PROGRAMS[@]} from the $PROGRAMS_FROM, all load (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"
 else
-  say "BUILD FAILED (see $LOG)"
+  say "NO PROGRAMS: the later stages cannot run"
 fi
 
-# ---- 4. gpu tests -------------------------------------------------------------------------
+# ---- 3. gpu tests -------------------------------------------------------------------------
 TESTS="not run"
 TESTS_OK=1
 if has_stage test; then
+  begin_stage "${GPU_CHECK_TEST_S:-240}"
   TESTS_OK=0
-  if ((BUILD_OK)) && [[ "$BUILD_TESTING" == ON ]]; then
-    say "ctest -L gpu"
-    if logged "$OUT/ctest_gpu.txt" ctest --test-dir "$BUILD" -L gpu --output-on-failure -V \
-      --timeout 900; then
+  if ((PROGRAMS_OK)); then
+    tests=()
+    for p in "${PROGRAMS[@]}"; do [[ "$(basename "$p")" == test_* ]] && tests+=("$p"); done
+    say "gpu tests: ${#tests[@]} programs, one case per process, ${GPU_CHECK_TEST_TIMEOUT_S:-120} s each"
+    : >"$OUT/tests_gpu.txt"
+    if logged "$OUT/tests_gpu.txt" tools/run_gtests.sh --timeout "${GPU_CHECK_TEST_TIMEOUT_S:-120}" \
+      --deadline "$STAGE_END" --filter "${GPU_CHECK_TEST_FILTER:-*}" "${tests[@]}"; then
       TESTS_OK=1
     fi
-    TESTS="$(grep -E 'tests passed' "$OUT/ctest_gpu.txt" | tail -1 || true)"
-    [[ -n "$TESTS" ]] || TESTS="no test summary (see ctest_gpu.txt)"
-    if grep -q 'No tests were found' "$OUT/ctest_gpu.txt"; then
-      TESTS_OK=0
-      TESTS="no gpu tests found"
-    fi
+    TESTS="$(grep -E 'tests passed, ' "$OUT/tests_gpu.txt" | tail -1 || true)"
+    [[ -n "$TESTS" ]] || TESTS="no test summary (see tests_gpu.txt)"
     say "tests: $TESTS"
   else
-    TESTS="not run (build failed or GoogleTest missing)"
+    TESTS="not run (no programs)"
   fi
 fi
 
-# ---- 5. benchmarks ------------------------------------------------------------------------
+# ---- 4. benchmarks ------------------------------------------------------------------------
 BENCH="not run"
 BENCH_OK=1
 TORCH="not run"
-if has_stage bench && ((BUILD_OK)); then
-  BENCH_OK=0
+if has_stage bench && ((PROGRAMS_OK)); then
+  begin_stage "${GPU_CHECK_BENCH_S:-150}"
   failed=()
-  bench_step() {  # bench_step FILE LABEL CMD...: CMD's output appended to FILE and the log
-    local file="$1" label="$2"
-    shift 2
+  bench_step() {  # bench_step FILE CAP_S LABEL CMD...: CMD's output appended to FILE and the log
+    local file="$1" cap="$2" label="$3" rc=0
+    shift 3
     say "$label"
     printf '## %s\n$ %s\n' "$label" "$*" >>"$file"
     echo "\$ $*" >>"$LOG"
-    if ! "$@" 2>&1 | tee -a "$file" >>"$LOG"; then failed+=("$label"); fi
+    within "$cap" "$@" 2>&1 | tee -a "$file" >>"$LOG" || rc=$?
+    ((rc == 0)) || failed+=("$label$(out_of_time_note "$rc")")
     echo >>"$file"
   }
-  : >"$OUT/bench_gpu.txt"
-  : >"$OUT/bench_train.txt"
-  : >"$OUT/bench_attention.txt"
-  bench_step "$OUT/bench_gpu.txt" "bench_gpu" "$BUILD/bin/bench_gpu"
-  bench_step "$OUT/bench_gpu.txt" "bench_gpu kernels" "$BUILD/bin/bench_gpu" kernels
-  for attn in baseline flash stabilized_flash; do
-    bench_step "$OUT/bench_train.txt" "bench train --attention $attn" \
-      "$BUILD/bin/bench" train --device cuda --attention "$attn"
-  done
-  bench_step "$OUT/bench_train.txt" "bench train --attention baseline --recompute gelu_layernorm" \
-    "$BUILD/bin/bench" train --device cuda --attention baseline --recompute gelu_layernorm --breakdown-steps 0
-  bench_step "$OUT/bench_attention.txt" "bench attention" "$BUILD/bin/bench" attention
-  if ((${#failed[@]})); then BENCH="FAILED: ${failed[*]}"; else BENCH_OK=1; BENCH="ok"; fi
-  TORCH="torch with CUDA not available"
-  if command -v python3 >/dev/null 2>&1 &&
-    python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
-    : >"$OUT/torch.txt"
-    tfail=()
-    bench_step "$OUT/torch.txt" "torch GEMMs" python3 tools/bench_torch_gemm.py --ours "$OUT/bench_gpu.txt"
-    bench_step "$OUT/torch.txt" "torch attention" python3 tools/bench_torch_attention.py --ours "$OUT/bench_attention.txt"
-    TORCH="ok"
-    for f in "${failed[@]}"; do [[ "$f" == torch* ]] && TORCH="FAILED (see torch.txt)"; done
-  else
-    echo "$TORCH" >"$OUT/torch.txt"
+  B="$WORK/bench"
+  mkdir -p "$B"
+  : >"$B/bench_gpu.txt"
+  : >"$B/bench_train.txt"
+  : >"$B/bench_attention.txt"
+  : >"$B/torch.txt"
+  HAVE_TORCH=0
+  timeout 60 python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1 && HAVE_TORCH=1
+  bench_step "$B/bench_gpu.txt" 90 "bench_gpu" "$BIN/bench_gpu"
+  bench_step "$B/bench_attention.txt" 150 "bench attention" "$BIN/bench" attention
+  if ((HAVE_TORCH)); then
+    bench_step "$B/torch.txt" 120 "torch attention" python3 tools/bench_torch_attention.py --ours "$B/bench_attention.txt"
   fi
+  for attn in baseline flash stabilized_flash; do
+    bench_step "$B/bench_train.txt" 120 "bench train --attention $attn" \
+      "$BIN/bench" train --device cuda --attention "$attn"
+  done
+  bench_step "$B/bench_gpu.txt" 90 "bench_gpu kernels" "$BIN/bench_gpu" kernels
+  if ((HAVE_TORCH)); then
+    bench_step "$B/torch.txt" 90 "torch GEMMs" python3 tools/bench_torch_gemm.py --ours "$B/bench_gpu.txt"
+    TORCH="ok"
+    for f in ${failed[@]+"${failed[@]}"}; do [[ "$f" == torch* ]] && TORCH="FAILED (see bench.txt)"; done
+  else
+    TORCH="torch with CUDA not available"
+  fi
+  bench_step "$B/bench_train.txt" 90 "bench train --attention baseline --recompute gelu_layernorm" \
+    "$BIN/bench" train --device cuda --attention baseline --recompute gelu_layernorm --breakdown-steps 0
+  if ((${#failed[@]})); then BENCH="FAILED: ${failed[*]}"; BENCH_OK=0; else BENCH="ok"; fi
+  for f in bench_gpu bench_attention bench_train torch; do
+    printf '# ==== %s ====\n\n' "$f" >>"$OUT/bench.txt"
+    cat "$B/$f.txt" >>"$OUT/bench.txt"
+  done
+elif has_stage bench; then
+  BENCH="not run (no programs)"
+  BENCH_OK=0
 fi
 
-# ---- 6. training runs: gpt2_small on Tiny Shakespeare, each attention backend -----------------
+# ---- 5. training runs: gpt2_small on Tiny Shakespeare, each attention backend -------------
 TRAIN="not run"
 TRAIN_OK=1
-if has_stage train && ((BUILD_OK)); then
+if has_stage train && ((PROGRAMS_OK)); then
+  begin_stage "${GPU_CHECK_TRAIN_S:-240}"
   TRAIN_OK=0
-  STEPS="${GPU_CHECK_TRAIN_STEPS:-300}"
+  STEPS="${GPU_CHECK_TRAIN_STEPS:-100}"
   DATA=data_cache/tiny_shakespeare
   : >"$OUT/train.txt"
   if ! compgen -G "$DATA/gpt2_train_*.bin" >/dev/null && [[ -f ../shared/data/tinyshakespeare.txt ]]; then
-    logged - "$BUILD/bin/prepare_data" --input ../shared/data/tinyshakespeare.txt --output "$DATA" \
+    logged - within 120 "$BIN/prepare_data" --input ../shared/data/tinyshakespeare.txt --output "$DATA" \
       --name gpt2 --tokenizer-dir ../shared/data/gpt2-tokenizer --val-fraction 0.1 || true
   fi
   if compgen -G "$DATA/gpt2_train_*.bin" >/dev/null; then
     tfailed=()
-    for attn in baseline flash stabilized_flash; do
+    backends=(baseline flash stabilized_flash)
+    for i in "${!backends[@]}"; do
+      attn="${backends[$i]}"
       run_dir="runs/gpu_check_$attn"
       rm -rf "$run_dir"
-      say "train gpt2_small $attn, $STEPS steps"
+      slice=$(($(left) / (${#backends[@]} - i)))  # an equal share of the time left
+      say "train gpt2_small $attn, $STEPS steps (at most ${slice} s)"
       # 124M, B=16, T=1024, one micro-batch per step (16K tokens). Hooks off: they run on
       # the host (power iteration on 124M weights, an FP64 attention recompute at T = 1024)
       # and would take most of a device call; test_gpu_model runs them on the GPU.
-      if logged - "$BUILD/bin/train" --config configs/gpt2_small.yaml \
+      rc=0
+      logged - within "$slice" "$BIN/train" --config configs/gpt2_small.yaml \
         --set run.out_dir="$run_dir" --set run.name="gpu_check_$attn" \
         --set data.train_path="$DATA/gpt2_train_*.bin" --set data.val_path="$DATA/gpt2_val_*.bin" \
         --set train.max_steps="$STEPS" --set train.grad_accum_steps=1 --set train.warmup_steps=50 \
         --set train.lr=6.0e-4 --set train.min_lr=6.0e-5 --set train.ckpt_every=0 \
-        --set train.eval_every=100 --set train.eval_batches=4 --set train.log_every=25 \
-        --set attention.backend="$attn" --set hooks.every=0 --set device=cuda; then
-        :
-      else
-        tfailed+=("$attn")
-      fi
+        --set train.eval_every=50 --set train.eval_batches=4 --set train.log_every=10 \
+        --set attention.backend="$attn" --set hooks.every=0 --set device=cuda || rc=$?
+      ((rc == 0)) || tfailed+=("$attn$(out_of_time_note "$rc")")
     done
     python3 - "$STEPS" >>"$OUT/train.txt" 2>&1 <<'PY' || tfailed+=("summary")
 import json, sys
@@ -241,58 +434,64 @@ for attn in ("baseline", "flash", "stabilized_flash"):
     rows = {}
     try:
         for line in open(f"runs/gpu_check_{attn}/metrics.jsonl"):
-            j = json.loads(line)
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue  # a run stopped mid-line
             if "loss" in j:
                 rows[j["step"]] = j
     except OSError:
         pass
     runs[attn] = rows
-print(f"gpt2_small (124M) on Tiny Shakespeare, B=16 T=1024, {steps} steps, bf16; train loss by step")
+print(f"gpt2_small (124M) on Tiny Shakespeare, B=16 T=1024, {steps} steps planned, bf16; train loss by step")
 print("| step | baseline | flash | stabilized_flash | flash - baseline | stabilized - baseline |")
 print("|---|---|---|---|---|---|")
-marks = sorted(s for s in set([1, 10, 25, 50] + list(range(100, steps + 1, 50)) + [steps]) if s <= steps)
+marks = sorted(set(s for r in runs.values() for s in r))
 for s in marks:
     v = [runs[a].get(s, {}).get("loss") for a in ("baseline", "flash", "stabilized_flash")]
     f = lambda x: "-" if x is None else f"{x:.4f}"
     d = lambda x, y: "-" if x is None or y is None else f"{x - y:+.4f}"
     print(f"| {s} | {f(v[0])} | {f(v[1])} | {f(v[2])} | {d(v[1], v[0])} | {d(v[2], v[0])} |")
 for a, rows in runs.items():
-    tps = [r.get("tokens_per_s") for r in rows.values() if r.get("tokens_per_s")]
-    if tps:
-        tps = sorted(tps)[len(tps) // 2]
-        print(f"{a}: median tokens/s {tps:.0f}")
+    last = max(rows) if rows else 0
+    tps = sorted(r["tokens_per_s"] for r in rows.values() if r.get("tokens_per_s"))
+    med = f", median tokens/s {tps[len(tps) // 2]:.0f}" if tps else ""
+    print(f"{a}: reached step {last} of {steps}{med}")
 PY
     if ((${#tfailed[@]})); then TRAIN="FAILED: ${tfailed[*]}"; else TRAIN_OK=1; TRAIN="ok ($STEPS steps x 3 backends)"; fi
   else
-    TRAIN="no data: carry data_cache/tiny_shakespeare (or have ../shared/data)"
+    TRAIN="no data: carry data_cache/tiny_shakespeare (README, Training on a GPU)"
   fi
+elif has_stage train; then
+  TRAIN="not run (no programs)"
 fi
 
-# ---- 7. results file ------------------------------------------------------------------------
-table_of() { grep -E '^\|' "$1" 2>/dev/null || echo "(none)"; }
+# ---- 6. results file ------------------------------------------------------------------------
 {
   echo "# GPU check: $GPU, $DATE"
   echo
   echo "- device: $GPU, driver $DRIVER"
-  echo "- commit: $COMMIT ($DIRTY uncommitted paths)"
-  echo "- date: $DATE, host $(hostname); stages: ${STAGES//,/ }"
-  echo "- build of the GPU targets: $([[ $BUILD_OK == 1 ]] && echo ok || echo FAILED)"
+  echo "- commit: $COMMIT ($DIRTY uncommitted paths), sources $SRC_HASH"
+  echo "- date: $DATE, host $(hostname); stages:${STAGES//,/ }; $(($(date +%s) - T0)) s of a ${BUDGET} s budget"
+  echo "- programs: $([[ $PROGRAMS_OK == 1 ]] && echo "ok, from the $PROGRAMS_FROM" || echo "NONE (see gpu_check.log)")"
   echo
   echo '~~~'
-  nvidia-smi 2>/dev/null | head -15 || echo "nvidia-smi not available"
+  cat "$OUT/probe.txt"
+  echo
+  timeout 30 nvidia-smi 2>/dev/null | head -15 || echo "nvidia-smi not available"
   echo '~~~'
   if has_stage test; then
     echo
-    echo "## Tests (ctest -L gpu): $TESTS"
-    if [[ -f "$OUT/ctest_gpu.txt" ]]; then
+    echo "## Tests (tools/run_gtests.sh over the gpu test programs): $TESTS"
+    if [[ -f "$OUT/tests_gpu.txt" ]]; then
       echo
-      grep -E '^[[:space:]]*[0-9]+ - .*\((Failed|Not Run|Timeout|SEGFAULT|Exception)' "$OUT/ctest_gpu.txt" |
-        sed -E 's/^[[:space:]]*/- FAILED: /' || true
-      first="$(grep -m1 -A2 ': Failure$' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
+      grep -E '^[[:space:]]*[0-9]+/[0-9]+ Test #' "$OUT/tests_gpu.txt" | grep -v ' Passed ' |
+        sed -E 's/^[[:space:]]*/- NOT PASSED: /' || true
+      first="$(grep -m1 -A2 ': Failure$' "$OUT/tests_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
       if [[ -n "$first" ]]; then printf '\nFirst failure:\n~~~\n%s\n~~~\n' "$first"; fi
-      errs="$(grep -E '^[0-9]+: (fp32 -> |int |random |stochastic rounding |arena: )' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
+      errs="$(grep -E '^[0-9]+: (fp32 -> |int |random |stochastic rounding |arena: )' "$OUT/tests_gpu.txt" | sed -E 's/^[0-9]+: //' || true)"
       if [[ -n "$errs" ]]; then printf '\nConversion mismatches, GEMM errors, stochastic rounding, arena:\n~~~\n%s\n~~~\n' "$errs"; fi
-      par="$(grep -E '^[0-9]+: (parity|determinism|trainer gpu) ' "$OUT/ctest_gpu.txt" | sed -E 's/^[0-9]+: //' | sort -u || true)"
+      par="$(grep -E '^[0-9]+: (parity|determinism|trainer gpu) ' "$OUT/tests_gpu.txt" | sed -E 's/^[0-9]+: //' | sort -u || true)"
       if [[ -n "$par" ]]; then
         printf '\n### Parity with the CPU backend, determinism, trainer\n\n~~~\n%s\n~~~\n' "$par"
       fi
@@ -301,17 +500,12 @@ table_of() { grep -E '^\|' "$1" 2>/dev/null || echo "(none)"; }
   if has_stage bench; then
     echo
     echo "## Benchmarks: $BENCH"
-    for f in bench_gpu bench_train bench_attention; do
-      [[ -f "$OUT/$f.txt" ]] || continue
-      echo
-      echo "### $f"
-      echo
-      grep -E '^(## |device:|ceilings|GPT-2|micro-batch|FLOPs|arena:|\|)' "$OUT/$f.txt" || echo "(no output)"
-    done
     echo
-    echo "## PyTorch side by side: $TORCH"
-    echo
-    grep -E '^(## |\||note)' "$OUT/torch.txt" 2>/dev/null || echo "(none)"
+    echo "PyTorch side by side: $TORCH"
+    if [[ -f "$OUT/bench.txt" ]]; then
+      echo
+      grep -E '^(# ==== |## |device:|ceilings|GPT-2|micro-batch|FLOPs|arena:|note|\|)' "$OUT/bench.txt" || echo "(no output)"
+    fi
   fi
   if has_stage train; then
     echo
@@ -322,33 +516,34 @@ table_of() { grep -E '^\|' "$1" 2>/dev/null || echo "(none)"; }
 } >"$OUT/gpu_results.md"
 cat "$OUT/gpu_results.md" >>"$LOG"
 
-# ---- 8. summary, last -----------------------------------------------------------------------
+# ---- 7. summary, last -----------------------------------------------------------------------
 STATUS=0
-if ((!BUILD_OK || !TESTS_OK)); then
+if ((!PROGRAMS_OK || !TESTS_OK)); then
   STATUS=1
 elif ((!BENCH_OK || !TRAIN_OK)); then
   STATUS=2
 fi
 {
-  for f in bench_train bench_attention; do
-    if [[ -f "$OUT/$f.txt" ]]; then
-      echo
-      echo "== $f =="
-      grep -E '^(## |\| (tokens/s|MFU|peak device)|\| [0-9]+ \|)' "$OUT/$f.txt" | head -40 || true
-    fi
-  done
+  if [[ -f "$OUT/bench.txt" ]]; then
+    echo
+    echo "== benchmarks =="
+    grep -E '^(## |\| (tokens/s|MFU|peak device)|\| [0-9]+ \|)' "$OUT/bench.txt" | head -40 || true
+  fi
   [[ -f "$OUT/train.txt" ]] && { echo; echo "== train =="; cat "$OUT/train.txt"; }
   echo
   echo "== gpu_check summary =="
-  printf '| %-9s | %s\n' "device" "$GPU (driver $DRIVER)"
-  printf '| %-9s | %s\n' "commit" "$COMMIT"
-  printf '| %-9s | %s\n' "stages" "${STAGES//,/ }"
-  printf '| %-9s | %s\n' "build" "$([[ $BUILD_OK == 1 ]] && echo ok || echo FAILED)"
-  printf '| %-9s | %s\n' "gpu tests" "$TESTS"
-  printf '| %-9s | %s\n' "benchmarks" "$BENCH"
-  printf '| %-9s | %s\n' "torch" "$TORCH"
-  printf '| %-9s | %s\n' "training" "$TRAIN"
-  printf '| %-9s | %s\n' "results" "$OUT/gpu_results.md (copy to bench/results/$(date -u +%Y-%m-%d)_gpu_check.md)"
-  printf '| %-9s | %s\n' "status" "$STATUS"
+  printf '| %-10s | %s\n' "device" "$GPU (driver $DRIVER)"
+  printf '| %-10s | %s\n' "commit" "$COMMIT, sources $SRC_HASH"
+  printf '| %-10s | %s\n' "stages" "${STAGES//,/ }"
+  printf '| %-10s | %s\n' "programs" "$([[ $PROGRAMS_OK == 1 ]] && echo "ok, from the $PROGRAMS_FROM" || echo FAILED)"
+  printf '| %-10s | %s\n' "gpu tests" "$TESTS"
+  printf '| %-10s | %s\n' "benchmarks" "$BENCH"
+  printf '| %-10s | %s\n' "torch" "$TORCH"
+  printf '| %-10s | %s\n' "training" "$TRAIN"
+  printf '| %-10s | %s\n' "time" "$(($(date +%s) - T0)) s of ${BUDGET} s"
+  printf '| %-10s | %s\n' "results" "$OUT/gpu_results.md (copy to bench/results/$(date -u +%Y-%m-%d)_gpu_check_<stages>.md)"
+  printf '| %-10s | %s\n' "status" "$STATUS"
 } | tee -a "$LOG"
+rm -rf "$WORK"
 exit "$STATUS"
+}
