@@ -155,7 +155,7 @@ BUNDLE_MODE="${GPU_CHECK_BUNDLE:-auto}"
 BUNDLE_FILE=.gpu_bundle/stabletrain-gpu.tar.xz
 if [[ "$BUNDLE_MODE" != off && -f "$BUNDLE_FILE" ]]; then
   say "unpacking $BUNDLE_FILE"
-  if tar -xJf "$BUNDLE_FILE" -C "$WORK" 2>>"$LOG" && [[ -f "$WORK/stabletrain-gpu/MANIFEST" ]]; then
+  if unpack_txz "$BUNDLE_FILE" "$WORK" 2>>"$LOG" && [[ -f "$WORK/stabletrain-gpu/MANIFEST" ]]; then
     manifest="$WORK/stabletrain-gpu/MANIFEST"
     cat "$manifest" >>"$LOG"
     b_hash="$(awk '$1 == "sources:" { print $2 }' "$manifest")"

@@ -99,3 +99,19 @@ glibc_required() {
 
 # version_ge A B: A >= B (dotted versions).
 version_ge() { [[ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" == "$2" ]]; }
+
+# unpack_txz ARCHIVE DIR: tar -xJ, or python3's tarfile where the image has no xz.
+unpack_txz() {
+  if command -v xz >/dev/null 2>&1; then
+    tar -xJf "$1" -C "$2"
+  else
+    python3 - "$1" "$2" <<'PY'
+import sys, tarfile
+t = tarfile.open(sys.argv[1], "r:xz")
+try:
+    t.extractall(sys.argv[2], filter="data")
+except TypeError:  # a Python without extraction filters
+    t.extractall(sys.argv[2])
+PY
+  fi
+}

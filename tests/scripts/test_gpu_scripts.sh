@@ -90,6 +90,15 @@ check "source_hash changes with a source file" test "$h3" != "$h4"
 g="$(glibc_required "$REAL")"
 check "glibc_required reads a version from $REAL ($g)" grep -qE '^2\.[0-9]+$' <<<"$g"
 
+# unpack_txz without xz on the PATH (python3's tarfile), keeping the executable bit.
+mkdir -p "$tmp/pack/b" "$tmp/nox" "$tmp/unpacked"
+printf '#!/bin/sh\necho hi\n' >"$tmp/pack/b/prog" && chmod +x "$tmp/pack/b/prog"
+tar -C "$tmp/pack" -cJf "$tmp/a.tar.xz" b
+for t in tar bash; do ln -s "$(command -v "$t")" "$tmp/nox/$t"; done
+ln -s /usr/bin/python3 "$tmp/nox/python3"
+PATH="$tmp/nox" bash -c "source '$ROOT/tools/gpu_lib.sh'; unpack_txz '$tmp/a.tar.xz' '$tmp/unpacked'"
+check "unpack_txz without xz unpacks an executable" test -x "$tmp/unpacked/b/prog"
+
 echo
 if ((fails)); then echo "$fails checks FAILED"; exit 1; fi
 echo "all checks passed"
