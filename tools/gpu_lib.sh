@@ -87,7 +87,7 @@ resolve_cuda_libs() {
   return "$ok"
 }
 
-# The highest glibc symbol version a set of ELF files requires ("2.34"), via objdump or ldd.
+# The highest glibc symbol version a set of ELF files requires ("2.34"; objdump, binutils).
 glibc_required() {
   local f
   for f in "$@"; do

@@ -15,12 +15,15 @@
 # The simulation checks itself before the command runs (a hidden header, dpkg, DNS) and
 # refuses to go on if a package is still visible, so the check cannot pass vacuously.
 #
-# Usage: bash tools/offline_build_check.sh [--drop PKG]... [--build-dir DIR] [-- CMD...]
+# Usage: bash tools/offline_build_check.sh [--drop PKG]... [--expect-failure REGEX]
+#                                         [--build-dir DIR] [-- CMD...]
 #   CMD          default: bash tools/gpu_bundle.sh --build-dir DIR — the GPU build stage of
 #                tools/gpu_check.sh (probe, carried packages, configure, build, load check)
 #                and the bundle made from it, unpacked into a fresh folder and run there.
 #   --drop PKG   leave PKG's .deb out of the carried set (a fresh build dir): the command
-#                must then fail; with --expect-failure the script exits 0 only if it did.
+#                must then fail. --expect-failure REGEX: exit 0 only if it failed AND its
+#                output matches REGEX (grep -E), so it cannot pass by failing for another
+#                reason.
 #   --build-dir  default build-offline (build-offline-drop with --drop)
 # Exit status: the command's (inverted with --expect-failure); 3 the simulation failed.
 # One { } block: bash reads it whole before running it, so editing this file while it runs
@@ -28,16 +31,15 @@
 {
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT="$(pwd)"
 
 drop=()
-expect_failure=0
+expect_failure=""
 build_dir=""
 cmd=()
 while (($#)); do
   case "$1" in
     --drop) drop+=("$2"); shift 2 ;;
-    --expect-failure) expect_failure=1; shift ;;
+    --expect-failure) expect_failure="$2"; shift 2 ;;
     --build-dir) build_dir="$2"; shift 2 ;;
     --) shift; cmd=("$@"); break ;;
     *) echo "offline_build_check: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
@@ -102,8 +104,9 @@ awk -v hide=" ${hide[*]} " '
 
 export ST_OFFLINE_FILES="$list" ST_OFFLINE_STATUS="$status" ST_OFFLINE_DEPS="$deps_dir"
 export ST_OFFLINE_PROBE_PKG="${hide[0]:-}"
+output="$(mktemp /tmp/st_offline_output.XXXXXX)"
 set +e
-unshare --mount --net --propagation private bash -s -- "${cmd[@]}" <<'INNER'
+unshare --mount --net --propagation private bash -s -- "${cmd[@]}" 2>&1 <<'INNER' | tee "$output"
 set -euo pipefail
 fail_sim() { echo "[offline_build_check] SIMULATION FAILED: $*" >&2; exit 3; }
 tmp="$(mktemp -d /tmp/st_offline_ns.XXXXXX)"
@@ -143,19 +146,26 @@ echo "[offline_build_check] simulated offline GPU image ready: no network, $(wc 
 echo "[offline_build_check] \$ $*"
 "$@"
 INNER
-rc=$?
+rc=${PIPESTATUS[0]}
 set -e
 rm -f "$list" "$status"
 ((${#drop[@]})) && rm -rf "$deps_dir"
 ((rc == 3)) && exit 3
-if ((expect_failure)); then
+if [[ -n "$expect_failure" ]]; then
+  matched=0
+  grep -Eq -- "$expect_failure" "$output" && matched=1
+  rm -f "$output"
   if ((rc == 0)); then
     say "FAILED: the command succeeded although ${drop[*]:-nothing} was dropped"
     exit 1
+  elif ((!matched)); then
+    say "FAILED: the command failed (status $rc), but its output never says /$expect_failure/: it failed for another reason"
+    exit 1
   fi
-  say "ok: the command failed (status $rc) as it must without ${drop[*]:-the dropped package}"
+  say "ok: the command failed (status $rc) as it must without ${drop[*]:-the dropped package}, saying /$expect_failure/"
   exit 0
 fi
+rm -f "$output"
 if ((rc == 0)); then say "ok: the command succeeded offline"; else say "FAILED (status $rc)"; fi
 exit "$rc"
 }
