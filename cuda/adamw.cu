@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/stochastic_round.h"
 
 namespace st::cudak {
@@ -96,11 +97,11 @@ void adamw(float* master, void* param, const void* grad, float* m, float* v, siz
     auto* p = static_cast<T*>(param);
     const auto* g = static_cast<const T*>(grad);
     if (stochastic) {
-      adamw_kernel<T, true><<<grid_for(n, kThreads), kThreads, 0, stream>>>(master, p, g, m, v, n,
-                                                                            s, seed, step, index0);
+      cudak::launch(adamw_kernel<T, true>, grid_for(n, kThreads), kThreads, 0, stream, master, p, g,
+                    m, v, n, s, seed, step, index0);
     } else {
-      adamw_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(master, p, g, m, v, n,
-                                                                             s, seed, step, index0);
+      cudak::launch(adamw_kernel<T, false>, grid_for(n, kThreads), kThreads, 0, stream, master, p,
+                    g, m, v, n, s, seed, step, index0);
     }
     ST_CUDA_CHECK_LAUNCH("adamw_kernel");
   });

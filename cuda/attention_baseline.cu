@@ -16,7 +16,7 @@
 // Forward:
 //   S  = round_f(fl32(scale * (Q K^T)))     batched GEMM, alpha = scale (see below)
 //   per row t (kernel softmax_forward_kernel; the row is cached in shared memory when it
-//   fits, T <= 12288, so S is read once), keys s < n (n = t + 1 causal, else T):
+//   fits beside the static shared memory, T <= 12160, so S is read once), keys s < n (n = t + 1 causal, else T):
 //     mx = max_s S; e_s = fl32(exp(S_s - mx)) (difference and exp in FP64, as the CPU);
 //     sum = FP32 sum of e_s (fixed order: thread-strided partials, then block_sum's tree);
 //     P_s = round_f(e_s / sum) (quotient in FP64, rounded once); P_s = 0 for s >= n;
@@ -62,6 +62,7 @@
 
 #include "attention/attention.h"
 #include "cuda/attention_cuda.h"
+#include "cuda/attention_softmax.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
@@ -69,236 +70,8 @@
 namespace st {
 namespace {
 
-using cudak::block_max;
-using cudak::block_sum;
-using cudak::from_float;
-using cudak::to_float;
-
-constexpr int kRowThreads = 256;   // one block per score row
-constexpr int kCopyThreads = 256;  // head permutes
-
 int64_t round_up8(int64_t x) {
   return (x + 7) / 8 * 8;
-}
-
-// x rounded once to T (round-to-nearest-even from the exact double), as the CPU's
-// round_fmt: FP32 directly; BF16/FP16 through round-to-odd at FP32 (truncate, then set the
-// last bit if inexact), which cannot double-round since FP32 has >= 2 more bits.
-template <class T>
-__device__ __forceinline__ T round_once(double x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return __double2float_rn(x);
-  } else {
-    float t = __double2float_rz(x);
-    if (static_cast<double>(t) != x) t = __uint_as_float(__float_as_uint(t) | 1u);
-    return from_float<T>(t);
-  }
-}
-
-// e = fl32(exp(S - mx)) with the difference and the exponential in FP64 (the CPU's
-// round_fmt(std::exp(S - mx), FP32)).
-__device__ __forceinline__ float row_exp(float s, float mx) {
-  return __double2float_rn(exp(static_cast<double>(s) - static_cast<double>(mx)));
-}
-
-// ---- head permutes (one thread per element, grid-stride, coalesced on the packed side)
-
-// dst (BH, T, ld) <- the columns [col0 + h*hs, col0 + (h+1)*hs) of the rows of a packed
-// (B, T, row_stride) tensor.
-template <class T>
-__global__ void split_heads_kernel(T* dst, const T* src, int B, int Tn, int NH, int hs, int64_t ld,
-                                   int64_t row_stride, int64_t col0) {
-  const int64_t C = static_cast<int64_t>(NH) * hs;
-  const int64_t n = static_cast<int64_t>(B) * Tn * C;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const int64_t bt = i / C, c = i - bt * C;
-    const int64_t h = c / hs, j = c - h * hs;
-    const int64_t b = bt / Tn, t = bt - b * Tn;
-    dst[((b * NH + h) * Tn + t) * ld + j] = src[bt * row_stride + col0 + c];
-  }
-}
-
-// The inverse: the packed (B, T, row_stride) tensor's columns [col0, col0 + C) <- src.
-template <class T>
-__global__ void merge_heads_kernel(T* dst, const T* src, int B, int Tn, int NH, int hs, int64_t ld,
-                                   int64_t row_stride, int64_t col0) {
-  const int64_t C = static_cast<int64_t>(NH) * hs;
-  const int64_t n = static_cast<int64_t>(B) * Tn * C;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const int64_t bt = i / C, c = i - bt * C;
-    const int64_t h = c / hs, j = c - h * hs;
-    const int64_t b = bt / Tn, t = bt - b * Tn;
-    dst[bt * row_stride + col0 + c] = src[((b * NH + h) * Tn + t) * ld + j];
-  }
-}
-
-// ---- row kernels: one block per row of S / dP (BH * T rows of ld elements)
-
-// Per-row statistics (device arrays of BH * T), all null when collection is off.
-struct RowStats {
-  double* entropy = nullptr;
-  float* max_logit = nullptr;
-  int* tied = nullptr;   // 1 when another key is within tie_tol of the maximum
-  int* p_one = nullptr;  // entries of P equal to 1
-};
-
-// In place: the row of S becomes the row of P. Reads of S all precede the barrier inside
-// the last block reduction before the write pass; in the write pass each element is read
-// and then written by the same thread, and columns s >= n are only written.
-// CACHE (the row fits in shared memory, launch_softmax_forward): S is read from global
-// memory once, kept in dynamic shared memory as FP32 and overwritten there by e_s, so one
-// global read and one write per element and one FP64 exp instead of three reads and two
-// exps. Every thread touches only its own strided elements s = threadIdx.x + k*blockDim.x,
-// in the same order either way, so both variants give the same bits (tested).
-template <class T, bool CACHE>
-__global__ void __launch_bounds__(kRowThreads)
-    softmax_forward_kernel(T* SP, float* lse, int Tn, int64_t ld, bool causal, RowStats st,
-                           double tie_tol) {
-  __shared__ float sm_f[32];
-  __shared__ double sm_d[32];
-  __shared__ int sm_i[32];
-  extern __shared__ float row_cache[];  // CACHE: n floats
-  const int64_t row = blockIdx.x;  // bh * T + t
-  const int t = static_cast<int>(row % Tn);
-  const int n = causal ? t + 1 : Tn;  // visible keys 0 .. n-1
-  T* x = SP + row * ld;
-  auto score = [&](int s) { return CACHE ? row_cache[s] : to_float(x[s]); };
-
-  float mx = -INFINITY;
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
-    const float v = to_float(x[s]);
-    if (CACHE) row_cache[s] = v;
-    mx = fmaxf(mx, v);
-  }
-  mx = block_max(mx, sm_f);
-
-  const bool stats = st.entropy != nullptr;
-  if (stats) {  // the CPU's row_stats, in FP64 from the stored scores
-    const double m = mx;
-    int tied = 0;
-    double z = 0;
-    for (int s = threadIdx.x; s < n; s += blockDim.x) {
-      const double v = score(s);
-      tied += v >= m - tie_tol;
-      z += exp(v - m);
-    }
-    tied = block_sum(tied, sm_i);
-    z = block_sum(z, sm_d);
-    double h = 0;
-    for (int s = threadIdx.x; s < n; s += blockDim.x) {
-      const double p = exp(static_cast<double>(score(s)) - m) / z;
-      if (p > 0) h -= p * log(p);
-    }
-    h = block_sum(h, sm_d);
-    if (threadIdx.x == 0) {
-      st.entropy[row] = h;
-      st.max_logit[row] = mx;
-      st.tied[row] = tied > 1 ? 1 : 0;
-    }
-  }
-
-  float sum = 0.0f;  // the CPU's FP32 row sum, reassociated
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
-    const float e = row_exp(score(s), mx);
-    if (CACHE) row_cache[s] = e;  // S_s is not needed any more
-    sum += e;
-  }
-  sum = block_sum(sum, sm_f);
-
-  const double dsum = sum;
-  int ones = 0;
-  for (int s = threadIdx.x; s < Tn; s += blockDim.x) {
-    T p = from_float<T>(0.0f);
-    if (s < n) {
-      const float e = CACHE ? row_cache[s] : row_exp(to_float(x[s]), mx);
-      p = round_once<T>(static_cast<double>(e) / dsum);
-      ones += to_float(p) == 1.0f;
-    }
-    x[s] = p;
-  }
-  if (threadIdx.x == 0) lse[row] = __double2float_rn(static_cast<double>(mx) + log(dsum));
-  if (stats) {
-    ones = block_sum(ones, sm_i);
-    if (threadIdx.x == 0) st.p_one[row] = ones;
-  }
-}
-
-// In place: the row of dP becomes the row of dS. The reads of the delta pass precede the
-// barriers inside block_sum; then each element is read and written by the same thread.
-// CACHE: dP and P are kept in dynamic shared memory (2 n elements of T) by the delta pass,
-// so the write pass reads no global memory; same arithmetic, same bits.
-template <class T, bool CACHE>
-__global__ void __launch_bounds__(kRowThreads)
-    softmax_backward_kernel(T* dPS, const T* P, int Tn, int64_t ld, bool causal) {
-  __shared__ float sm_f[32];
-  extern __shared__ __align__(16) unsigned char row_bytes[];  // CACHE: dP[n], then P[n]
-  const int64_t row = blockIdx.x;
-  const int t = static_cast<int>(row % Tn);
-  const int n = causal ? t + 1 : Tn;
-  T* g = dPS + row * ld;
-  const T* p = P + row * ld;
-  T* gc = reinterpret_cast<T*>(row_bytes);
-  T* pc = gc + n;
-
-  float acc = 0.0f;  // the CPU's FP32 FMA chain, reassociated
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
-    const T gs = g[s], ps = p[s];
-    if (CACHE) {
-      gc[s] = gs;
-      pc[s] = ps;
-    }
-    acc = fmaf(to_float(gs), to_float(ps), acc);
-  }
-  const double delta = block_sum(acc, sm_f);
-
-  for (int s = threadIdx.x; s < Tn; s += blockDim.x) {
-    T v = from_float<T>(0.0f);
-    if (s < n) {
-      const double dp = to_float(CACHE ? gc[s] : g[s]);
-      v = round_once<T>(static_cast<double>(to_float(CACHE ? pc[s] : p[s])) * (dp - delta));
-    }
-    g[s] = v;
-  }
-}
-
-// Shared memory a block may take without opting in; rows that need more use the uncached
-// kernels. STABLETRAIN_ATTN_NO_ROW_CACHE=1 forces the uncached kernels (tests compare them).
-constexpr size_t kRowCacheBytes = 48 * 1024;
-bool row_cache_allowed() {  // read at every launch (cheap), so a test can switch it
-  const char* e = std::getenv("STABLETRAIN_ATTN_NO_ROW_CACHE");
-  return !(e && *e && std::string(e) != "0");
-}
-
-// ---- launchers
-
-unsigned copy_grid(int64_t n) {
-  return cudak::grid_for(static_cast<size_t>(n), kCopyThreads);
-}
-
-void split_heads(const Tensor& dst, const void* src, int B, int Tn, int NH, int hs, int64_t ld,
-                 int64_t row_stride, int64_t col0, cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(B) * Tn * NH * hs;
-  cudak::dispatch_storage(dst.dtype(), "attention split_heads", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    split_heads_kernel<T><<<copy_grid(n), kCopyThreads, 0, stream>>>(
-        static_cast<T*>(dst.raw()), static_cast<const T*>(src), B, Tn, NH, hs, ld, row_stride,
-        col0);
-    ST_CUDA_CHECK_LAUNCH("split_heads_kernel");
-  });
-}
-
-void merge_heads(void* dst, const Tensor& src, int B, int Tn, int NH, int hs, int64_t ld,
-                 int64_t row_stride, int64_t col0, cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(B) * Tn * NH * hs;
-  cudak::dispatch_storage(src.dtype(), "attention merge_heads", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    merge_heads_kernel<T><<<copy_grid(n), kCopyThreads, 0, stream>>>(
-        static_cast<T*>(dst), static_cast<const T*>(src.raw()), B, Tn, NH, hs, ld, row_stride,
-        col0);
-    ST_CUDA_CHECK_LAUNCH("merge_heads_kernel");
-  });
 }
 
 // One strided-batched GEMM over the BH heads, column-major terms (matmul.cu).
@@ -366,8 +139,8 @@ void check_numerics(const AttentionConfig& cfg, DType f, int NH) {
     if (n.out != want.out) {
       for (int listed : cfg.fp32_out_heads)
         if (listed == h)
-          unsupported("attention.fp32_out_heads (head " + std::to_string(h) + ": FP32 stored O with " +
-                      dtype_name(f) + " compute)");
+          unsupported("attention.fp32_out_heads (head " + std::to_string(h) +
+                      ": FP32 stored O with " + dtype_name(f) + " compute)");
     }
     point("qkv", n.qkv, want.qkv);
     point("scores", n.scores, want.scores);
@@ -432,17 +205,18 @@ class AttentionCudaBaseline final : public Attention {
     Tensor q = be_.alloc({d.BH, d.T, d.hsp}, d.f), k = be_.alloc({d.BH, d.T, d.hsp}, d.f);
     Tensor v = be_.alloc({d.BH, d.T, d.hsp}, d.f);
     const int64_t C3 = 3 * d.C;
-    split_heads(q, qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 0, stream);
-    split_heads(k, qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, d.C, stream);
-    split_heads(v, qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 2 * d.C, stream);
+    cudak::attn_split_heads(q.raw(), qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 0, d.f, stream);
+    cudak::attn_split_heads(k.raw(), qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, d.C, d.f, stream);
+    cudak::attn_split_heads(v.raw(), qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 2 * d.C, d.f,
+                            stream);
 
     // S (BH, T, Tp), row t = query t. Column-major: S^T (T_s x T_t) = K . Q^T per head:
     // A = K stored (hs, T) ld hsp, op T; B = Q stored (hs, T) ld hsp, op N.
     const int64_t sq = d.T * d.hsp, ss = d.T * d.Tp;
-    head_gemm(be_, d.f, d.BH, true, false, d.T, d.T, d.hs, {k.raw(), d.hsp, sq}, {q.raw(), d.hsp, sq},
-              P_.raw(), d.Tp, ss, scale(d.hs));
+    head_gemm(be_, d.f, d.BH, true, false, d.T, d.T, d.hs, {k.raw(), d.hsp, sq},
+              {q.raw(), d.hsp, sq}, P_.raw(), d.Tp, ss, scale(d.hs));
 
-    RowStats st;
+    cudak::SoftmaxRowStats st;
     Tensor st_buf;
     if (cfg_.collect_stats) {  // doubles first (8-byte aligned), then float, int, int
       st_buf = be_.alloc({5 * rows}, DType::F32);
@@ -452,27 +226,15 @@ class AttentionCudaBaseline final : public Attention {
       st.tied = reinterpret_cast<int*>(base + 3 * rows);
       st.p_one = reinterpret_cast<int*>(base + 4 * rows);
     }
-    cudak::dispatch_storage(d.f, "attention softmax", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      const size_t cache = static_cast<size_t>(d.T) * sizeof(float);
-      if (row_cache_allowed() && cache <= kRowCacheBytes) {
-        softmax_forward_kernel<T, true><<<static_cast<unsigned>(rows), kRowThreads, cache, stream>>>(
-            static_cast<T*>(P_.raw()), static_cast<float*>(lse.raw()), d.T, d.Tp, cfg_.causal,
-            st, cfg_.tie_tol);
-      } else {
-        softmax_forward_kernel<T, false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-            static_cast<T*>(P_.raw()), static_cast<float*>(lse.raw()), d.T, d.Tp, cfg_.causal,
-            st, cfg_.tie_tol);
-      }
-      ST_CUDA_CHECK_LAUNCH("softmax_forward_kernel");
-    });
+    cudak::softmax_forward(P_.raw(), static_cast<float*>(lse.raw()), rows, d.T, d.Tp, cfg_.causal,
+                           st, cfg_.tie_tol, d.f, stream);
 
     // O (BH, T, hsp). Column-major: O^T (hs x T_t) = V^T (hs x T_s) . P^T (T_s x T_t):
     // A = V stored (hs, T) ld hsp, op N; B = P stored (T_s, T_t) ld Tp, op N.
     Tensor o = be_.alloc({d.BH, d.T, d.hsp}, d.f);
     head_gemm(be_, d.f, d.BH, false, false, d.hs, d.T, d.T, {v.raw(), d.hsp, sq},
               {P_.raw(), d.Tp, ss}, o.raw(), d.hsp, sq, 1.0f);
-    merge_heads(out.raw(), o, d.B, d.T, d.NH, d.hs, d.hsp, d.C, 0, stream);
+    cudak::attn_merge_heads(out.raw(), o.raw(), d.B, d.T, d.NH, d.hs, d.hsp, d.C, 0, d.f, stream);
 
     if (cfg_.collect_stats) merge_stats(st_buf, d);
   }
@@ -485,8 +247,8 @@ class AttentionCudaBaseline final : public Attention {
     check_shape(dqkv, qkv.shape(), "attention dqkv");
     check_shape(dout, {d.B, d.T, d.C}, "attention dout");
     ST_CHECK(B_ == d.B && T_ == d.T && NH_ == d.NH && fmt_ == fmt,
-             "CUDA baseline attention: backward called without a matching forward (forward B=",
-             B_, " T=", T_, " NH=", NH_, ", backward B=", d.B, " T=", d.T, " NH=", d.NH, ")");
+             "CUDA baseline attention: backward called without a matching forward (forward B=", B_,
+             " T=", T_, " NH=", NH_, ", backward B=", d.B, " T=", d.T, " NH=", d.NH, ")");
     const int64_t rows = d.BH * d.T;
     if (rows == 0) return;
     ST_CHECK(P_.defined(), "CUDA baseline attention: no saved P");
@@ -495,10 +257,11 @@ class AttentionCudaBaseline final : public Attention {
     const int64_t C3 = 3 * d.C, sq = d.T * d.hsp, ss = d.T * d.Tp;
     Tensor q = be_.alloc({d.BH, d.T, d.hsp}, d.f), k = be_.alloc({d.BH, d.T, d.hsp}, d.f);
     Tensor v = be_.alloc({d.BH, d.T, d.hsp}, d.f), dO = be_.alloc({d.BH, d.T, d.hsp}, d.f);
-    split_heads(q, qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 0, stream);
-    split_heads(k, qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, d.C, stream);
-    split_heads(v, qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 2 * d.C, stream);
-    split_heads(dO, dout.raw(), d.B, d.T, d.NH, d.hs, d.hsp, d.C, 0, stream);
+    cudak::attn_split_heads(q.raw(), qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 0, d.f, stream);
+    cudak::attn_split_heads(k.raw(), qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, d.C, d.f, stream);
+    cudak::attn_split_heads(v.raw(), qkv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 2 * d.C, d.f,
+                            stream);
+    cudak::attn_split_heads(dO.raw(), dout.raw(), d.B, d.T, d.NH, d.hs, d.hsp, d.C, 0, d.f, stream);
 
     // dP (BH, T, Tp) = dO V^T, as S = Q K^T: A = V (op T), B = dO (op N).
     Tensor dP = be_.alloc({d.BH, d.T, d.Tp}, d.f);
@@ -510,18 +273,7 @@ class AttentionCudaBaseline final : public Attention {
     head_gemm(be_, d.f, d.BH, false, true, d.hs, d.T, d.T, {dO.raw(), d.hsp, sq},
               {P_.raw(), d.Tp, ss}, dv.raw(), d.hsp, sq, 1.0f);
 
-    cudak::dispatch_storage(d.f, "attention softmax backward", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      const size_t cache = 2 * static_cast<size_t>(d.T) * sizeof(T);
-      if (row_cache_allowed() && cache <= kRowCacheBytes) {
-        softmax_backward_kernel<T, true><<<static_cast<unsigned>(rows), kRowThreads, cache, stream>>>(
-            static_cast<T*>(dP.raw()), static_cast<const T*>(P_.raw()), d.T, d.Tp, cfg_.causal);
-      } else {
-        softmax_backward_kernel<T, false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-            static_cast<T*>(dP.raw()), static_cast<const T*>(P_.raw()), d.T, d.Tp, cfg_.causal);
-      }
-      ST_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
-    });
+    cudak::softmax_backward(dP.raw(), P_.raw(), rows, d.T, d.Tp, cfg_.causal, d.f, stream);
     const Tensor& dS = dP;
 
     // dQ (T_t, hs) = scale dS K, as O = P V: A = K stored (hs, T) op N; B = dS stored
@@ -534,9 +286,11 @@ class AttentionCudaBaseline final : public Attention {
     head_gemm(be_, d.f, d.BH, false, true, d.hs, d.T, d.T, {q.raw(), d.hsp, sq},
               {dS.raw(), d.Tp, ss}, dk.raw(), d.hsp, sq, scale(d.hs));
 
-    merge_heads(dqkv.raw(), dq, d.B, d.T, d.NH, d.hs, d.hsp, C3, 0, stream);
-    merge_heads(dqkv.raw(), dk, d.B, d.T, d.NH, d.hs, d.hsp, C3, d.C, stream);
-    merge_heads(dqkv.raw(), dv, d.B, d.T, d.NH, d.hs, d.hsp, C3, 2 * d.C, stream);
+    cudak::attn_merge_heads(dqkv.raw(), dq.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 0, d.f, stream);
+    cudak::attn_merge_heads(dqkv.raw(), dk.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, d.C, d.f,
+                            stream);
+    cudak::attn_merge_heads(dqkv.raw(), dv.raw(), d.B, d.T, d.NH, d.hs, d.hsp, C3, 2 * d.C, d.f,
+                            stream);
   }
 
  private:
@@ -570,7 +324,9 @@ class AttentionCudaBaseline final : public Attention {
   }
 
   // 1/sqrt(hs) as the CPU holds it: rounded to FP32.
-  static float scale(int hs) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs))); }
+  static float scale(int hs) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+  }
 
   // Per-row statistics to the host (waits for the stream), merged like the CPU backend:
   // rows of one (b, h) in t order, then (b, h) in order into head h.

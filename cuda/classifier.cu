@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace st::cudak {
 namespace {
@@ -22,7 +23,7 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     crossentropy_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets,
                         int Vtok, int Vp, float dloss) {
-  __shared__ float smem[32];
+  ST_SHARED(float, smem, [32]);
   const int row = blockIdx.x;
   const T* x = logits + static_cast<size_t>(row) * Vp;
   const int t = targets[row];
@@ -80,11 +81,11 @@ void crossentropy(float* losses, void* dlogits, const void* logits, const int32_
     auto* d = static_cast<T*>(dlogits);
     const auto* x = static_cast<const T*>(logits);
     if (wide) {
-      crossentropy_kernel<T, W>
-          <<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, d, x, targets, V, Vp, dloss);
+      cudak::launch(crossentropy_kernel<T, W>, static_cast<unsigned>(N), kThreads, 0, stream,
+                    losses, d, x, targets, V, Vp, dloss);
     } else {
-      crossentropy_kernel<T, 1>
-          <<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, d, x, targets, V, Vp, dloss);
+      cudak::launch(crossentropy_kernel<T, 1>, static_cast<unsigned>(N), kThreads, 0, stream,
+                    losses, d, x, targets, V, Vp, dloss);
     }
     ST_CUDA_CHECK_LAUNCH("crossentropy_kernel");
   });

@@ -11,6 +11,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 
 namespace st {
 namespace {
@@ -85,8 +86,8 @@ void launch(void* dst, const void* src, size_t n, cudaStream_t stream, const cha
   const size_t work = std::max<size_t>(n4, n - 4 * n4);  // threads either loop needs
   // Enough blocks to fill any current GPU several times over; the loop covers the rest.
   const size_t blocks = std::min<size_t>((work + threads - 1) / threads, 8192);
-  convert_kernel<Op><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-      static_cast<const In*>(src), static_cast<Out*>(dst), n, n4);
+  cudak::launch(convert_kernel<Op>, static_cast<unsigned>(blocks), threads, 0, stream,
+                static_cast<const In*>(src), static_cast<Out*>(dst), n, n4);
   ST_CUDA_CHECK_LAUNCH(what);
 }
 

@@ -10,6 +10,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace st::cudak {
 namespace {
@@ -84,8 +85,8 @@ void launch_unary(void* out, const void* a, size_t n, DType dtype, cudaStream_t 
     constexpr int V = kWide<T>;
     const size_t nvec = aligned16(out) && aligned16(a) ? n / V : 0;
     const unsigned grid = grid_for(nvec > 0 ? nvec : n, kThreads);
-    unary_kernel<T, V, Op>
-        <<<grid, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(a), nvec, n);
+    cudak::launch(unary_kernel<T, V, Op>, grid, kThreads, 0, stream, static_cast<T*>(out),
+                  static_cast<const T*>(a), nvec, n);
     ST_CUDA_CHECK_LAUNCH(what);
   });
 }
@@ -99,8 +100,8 @@ void launch_binary(void* out, const void* a, const void* b, size_t n, DType dtyp
     constexpr int V = kWide<T>;
     const size_t nvec = aligned16(out) && aligned16(a) && aligned16(b) ? n / V : 0;
     const unsigned grid = grid_for(nvec > 0 ? nvec : n, kThreads);
-    binary_kernel<T, V, Op><<<grid, kThreads, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), nvec, n);
+    cudak::launch(binary_kernel<T, V, Op>, grid, kThreads, 0, stream, static_cast<T*>(out),
+                  static_cast<const T*>(a), static_cast<const T*>(b), nvec, n);
     ST_CUDA_CHECK_LAUNCH(what);
   });
 }
@@ -132,9 +133,9 @@ void round_inplace(float* x, size_t n, DType fmt, cudaStream_t stream) {
   if (n == 0 || fmt == DType::F32) return;
   const unsigned grid = grid_for(n, kThreads);
   if (fmt == DType::BF16) {
-    round_inplace_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(x, n);
+    cudak::launch(round_inplace_kernel<__nv_bfloat16>, grid, kThreads, 0, stream, x, n);
   } else if (fmt == DType::F16) {
-    round_inplace_kernel<__half><<<grid, kThreads, 0, stream>>>(x, n);
+    cudak::launch(round_inplace_kernel<__half>, grid, kThreads, 0, stream, x, n);
   } else {
     fail("CUDA round_inplace: format ", dtype_name(fmt), " (expected fp32, bf16 or fp16)");
   }

@@ -10,6 +10,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace st::cudak {
 namespace {
@@ -71,13 +72,13 @@ void encoder_forward(void* out, const int32_t* tokens, const void* wte, const vo
     constexpr int W = kWide<T_>;
     const bool wide = C % W == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
     if (wide) {
-      encoder_forward_kernel<T_, W><<<grid_for(n / W, kThreads), kThreads, 0, stream>>>(
-          static_cast<T_*>(out), tokens, static_cast<const T_*>(wte), static_cast<const T_*>(wpe),
-          T, C, n / W);
+      cudak::launch(encoder_forward_kernel<T_, W>, grid_for(n / W, kThreads), kThreads, 0, stream,
+                    static_cast<T_*>(out), tokens, static_cast<const T_*>(wte),
+                    static_cast<const T_*>(wpe), T, C, n / W);
     } else {
-      encoder_forward_kernel<T_, 1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-          static_cast<T_*>(out), tokens, static_cast<const T_*>(wte), static_cast<const T_*>(wpe),
-          T, C, n);
+      cudak::launch(encoder_forward_kernel<T_, 1>, grid_for(n, kThreads), kThreads, 0, stream,
+                    static_cast<T_*>(out), tokens, static_cast<const T_*>(wte),
+                    static_cast<const T_*>(wpe), T, C, n);
     }
     ST_CUDA_CHECK_LAUNCH("encoder_forward_kernel");
   });
@@ -92,13 +93,13 @@ void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* o
   dispatch_storage(dtype, "encoder_backward", [&](auto tag) {
     using T_ = typename decltype(tag)::type;
     if (groups > 0) {
-      encoder_dwte_kernel<T_>
-          <<<dim3(static_cast<unsigned>(groups), ctiles), kChannelThreads, 0, stream>>>(
-              static_cast<T_*>(dwte), static_cast<const T_*>(dout), order, starts, rows, C);
+      cudak::launch(encoder_dwte_kernel<T_>, dim3(static_cast<unsigned>(groups), ctiles),
+                    kChannelThreads, 0, stream, static_cast<T_*>(dwte),
+                    static_cast<const T_*>(dout), order, starts, rows, C);
       ST_CUDA_CHECK_LAUNCH("encoder_dwte_kernel");
     }
-    encoder_dwpe_kernel<T_><<<dim3(static_cast<unsigned>(T), ctiles), kChannelThreads, 0, stream>>>(
-        static_cast<T_*>(dwpe), static_cast<const T_*>(dout), B, T, C);
+    cudak::launch(encoder_dwpe_kernel<T_>, dim3(static_cast<unsigned>(T), ctiles), kChannelThreads,
+                  0, stream, static_cast<T_*>(dwpe), static_cast<const T_*>(dout), B, T, C);
     ST_CUDA_CHECK_LAUNCH("encoder_dwpe_kernel");
   });
 }

@@ -6,6 +6,7 @@
 #include "cuda/device_common.cuh"
 #include "cuda/flash_common.cuh"
 #include "cuda/flash_launch.cuh"
+#include "cuda/launch.cuh"
 
 namespace st::flash {
 namespace {
@@ -38,9 +39,12 @@ __global__ void delta_o_kernel(const T* dout, const T* out, const T* olo, const 
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       float ov;
-      if constexpr (MODE == 0) ov = from_t<T>(o.v[i]);
-      else if constexpr (MODE == 1) ov = __fadd_rn(from_t<T>(o.v[i]), from_t<T>(lo.v[i]));
-      else ov = f[i];
+      if constexpr (MODE == 0)
+        ov = from_t<T>(o.v[i]);
+      else if constexpr (MODE == 1)
+        ov = __fadd_rn(from_t<T>(o.v[i]), from_t<T>(lo.v[i]));
+      else
+        ov = f[i];
       s = __fmaf_rn(from_t<T>(d.v[i]), ov, s);
     }
   }
@@ -58,11 +62,15 @@ void delta_o_typed(int mode, bool acc_low, const void* dout, const void* out, co
   const T* d = static_cast<const T*>(dout);
   const T* o = static_cast<const T*>(out);
   const T* lo = static_cast<const T*>(olo);
-#define ST_DELTA_LAUNCH(M, L) \
-  delta_o_kernel<T, M, L><<<blocks, threads, 0, stream>>>(d, o, lo, o32, delta, B, T_, NH, hs)
-  if (mode == 0) acc_low ? ST_DELTA_LAUNCH(0, true) : ST_DELTA_LAUNCH(0, false);
-  else if (mode == 1) acc_low ? ST_DELTA_LAUNCH(1, true) : ST_DELTA_LAUNCH(1, false);
-  else acc_low ? ST_DELTA_LAUNCH(2, true) : ST_DELTA_LAUNCH(2, false);
+#define ST_DELTA_LAUNCH(M, L)                                                                     \
+  cudak::launch(delta_o_kernel<T, M, L>, blocks, threads, 0, stream, d, o, lo, o32, delta, B, T_, \
+                NH, hs)
+  if (mode == 0)
+    acc_low ? ST_DELTA_LAUNCH(0, true) : ST_DELTA_LAUNCH(0, false);
+  else if (mode == 1)
+    acc_low ? ST_DELTA_LAUNCH(1, true) : ST_DELTA_LAUNCH(1, false);
+  else
+    acc_low ? ST_DELTA_LAUNCH(2, true) : ST_DELTA_LAUNCH(2, false);
 #undef ST_DELTA_LAUNCH
   ST_CUDA_CHECK_LAUNCH("flash delta_o_kernel");
 }
@@ -87,7 +95,7 @@ template <class T, bool SCORES_LOW>
 __global__ void row_stats_kernel(const T* qkv, RowStats* out, int B, int T_, int NH, int hs,
                                  bool causal, float scale, double tie_tol, int bc) {
   constexpr int kWarps = 4;
-  __shared__ float qs[kWarps][128];
+  ST_SHARED(float, qs, [kWarps][128]);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   const bool active = row < static_cast<int64_t>(B) * NH * T_;
@@ -103,7 +111,8 @@ __global__ void row_stats_kernel(const T* qkv, RowStats* out, int B, int T_, int
   const int last = causal ? t : T_ - 1;
 
   float mx = -INFINITY;
-  for (int s = lane; s <= last; s += 32) mx = fmaxf(mx, row_score<T, SCORES_LOW>(q, kb + s * C3, hs, scale));
+  for (int s = lane; s <= last; s += 32)
+    mx = fmaxf(mx, row_score<T, SCORES_LOW>(q, kb + s * C3, hs, scale));
   mx = cudak::warp_max(mx);
   const float thr = __double2float_ru(static_cast<double>(mx) - tie_tol);
   int tied = 0, first = INT_MAX;
@@ -147,11 +156,11 @@ void row_stats_typed(const void* qkv, RowStats* out, int B, int T_, int NH, int 
   const unsigned blocks = static_cast<unsigned>((rows + 3) / 4);
   const T* q = static_cast<const T*>(qkv);
   if (scores_low)
-    row_stats_kernel<T, true><<<blocks, 128, 0, stream>>>(q, out, B, T_, NH, hs, causal, scale,
-                                                          tie_tol, bc);
+    cudak::launch(row_stats_kernel<T, true>, blocks, 128, 0, stream, q, out, B, T_, NH, hs, causal,
+                  scale, tie_tol, bc);
   else
-    row_stats_kernel<T, false><<<blocks, 128, 0, stream>>>(q, out, B, T_, NH, hs, causal, scale,
-                                                           tie_tol, bc);
+    cudak::launch(row_stats_kernel<T, false>, blocks, 128, 0, stream, q, out, B, T_, NH, hs, causal,
+                  scale, tie_tol, bc);
   ST_CUDA_CHECK_LAUNCH("flash row_stats_kernel");
 }
 
@@ -175,8 +184,7 @@ void row_stats(DType dtype, const void* qkv, RowStats* out, int B, int T, int NH
     row_stats_typed<__nv_bfloat16>(qkv, out, B, T, NH, hs, causal, scores_low, scale, tie_tol,
                                    block_k, s);
   else
-    row_stats_typed<__half>(qkv, out, B, T, NH, hs, causal, scores_low, scale, tie_tol, block_k,
-                            s);
+    row_stats_typed<__half>(qkv, out, B, T, NH, hs, causal, scores_low, scale, tie_tol, block_k, s);
 }
 
 }  // namespace st::flash

@@ -45,6 +45,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/flash_common.cuh"
 #include "cuda/flash_launch.cuh"
+#include "cuda/launch.cuh"
 
 namespace st::flash {
 
@@ -63,13 +64,13 @@ __global__ void __launch_bounds__(BCK * 2) dkdv_kernel(const BwdParams p) {
   constexpr int NBQ = BRI / 8;  // S^T n-blocks (queries) per warp
   constexpr int ON = HD / 8;
   constexpr uint32_t kStage = BRI * P * 2;
-  extern __shared__ __align__(128) unsigned char smem[];
+  ST_SHARED_DYNAMIC(unsigned char, smem, 128);
   const uint32_t sK = smem_addr(smem);
   const uint32_t sV = sK + BCK * P * 2;
-  const uint32_t sQ = sV + BCK * P * 2;        // 2 stages
-  const uint32_t sdO = sQ + 2 * kStage;        // 2 stages
+  const uint32_t sQ = sV + BCK * P * 2;                                          // 2 stages
+  const uint32_t sdO = sQ + 2 * kStage;                                          // 2 stages
   float* sL = reinterpret_cast<float*>(smem + (2 * BCK * P + 4 * BRI * P) * 2);  // [2][BRI]
-  float* sD = sL + 2 * BRI;                                                       // [2][BRI]
+  float* sD = sL + 2 * BRI;                                                      // [2][BRI]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(BCK * 2) dkdv_kernel(const BwdParams p) {
       const int r = tid % BRI, row = q0 + r;
       const bool ok = row < T_;
       float* dst = (tid < BRI ? sL : sD) + stage * BRI + r;
-      cp_async4(smem_addr(dst), (tid < BRI ? glse : gdel) + (ok ? row : 0), ok);
+      ptx::cp_async_4(smem_addr(dst), (tid < BRI ? glse : gdel) + (ok ? row : 0), ok);
     }
   };
   load_tile<BCK, HD, NT>(sK, gk, C3, k0, T_, tid);
@@ -180,8 +181,10 @@ __global__ void __launch_bounds__(BCK * 2) dkdv_kernel(const BwdParams p) {
             uint32_t* pv = reinterpret_cast<uint32_t*>(gdv + off + nb * 8);
             const float2 ok = flushed ? unpack2<T>(*pk) : make_float2(0.f, 0.f);
             const float2 ov = flushed ? unpack2<T>(*pv) : make_float2(0.f, 0.f);
-            *pk = pack2<T>(add_round<T>(ok.x, dk[nb][2 * ri]), add_round<T>(ok.y, dk[nb][2 * ri + 1]));
-            *pv = pack2<T>(add_round<T>(ov.x, dv[nb][2 * ri]), add_round<T>(ov.y, dv[nb][2 * ri + 1]));
+            *pk = pack2<T>(add_round<T>(ok.x, dk[nb][2 * ri]),
+                           add_round<T>(ok.y, dk[nb][2 * ri + 1]));
+            *pv = pack2<T>(add_round<T>(ov.x, dv[nb][2 * ri]),
+                           add_round<T>(ov.y, dv[nb][2 * ri + 1]));
           }
         }
         flushed = true;
@@ -223,7 +226,7 @@ __global__ void __launch_bounds__(BRQ * 2) dq_kernel(const BwdParams p) {
   constexpr int NB = BCI / 8;
   constexpr int ON = HD / 8;
   constexpr uint32_t kStage = BCI * P * 2;
-  extern __shared__ __align__(128) unsigned char smem[];
+  ST_SHARED_DYNAMIC(unsigned char, smem, 128);
   const uint32_t sQ = smem_addr(smem);
   const uint32_t sdO = sQ + BRQ * P * 2;
   const uint32_t sK = sdO + BRQ * P * 2;  // 2 stages
@@ -389,16 +392,18 @@ void launch_bwd(const BwdParams& p, cudaStream_t stream) {
     constexpr int kSmem = (2 * kBck * P + 4 * BRI * P) * 2 + 4 * BRI * 4;
     auto kernel = dkdv_kernel<T, HD, kBck, BRI, ACC_LOW>;
     ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    const dim3 grid(static_cast<unsigned>(p.B * p.NH), static_cast<unsigned>((p.T + kBck - 1) / kBck));
-    kernel<<<grid, kBck * 2, kSmem, stream>>>(p);
+    const dim3 grid(static_cast<unsigned>(p.B * p.NH),
+                    static_cast<unsigned>((p.T + kBck - 1) / kBck));
+    cudak::launch(kernel, grid, kBck * 2, kSmem, stream, p);
     ST_CUDA_CHECK_LAUNCH("flash dkdv_kernel");
   }
   {
     constexpr int kSmem = (2 * kBrq * P + 4 * kBci * P) * 2;
     auto kernel = dq_kernel<T, HD, kBrq, kBci, false, ACC_LOW>;
     ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    const dim3 grid(static_cast<unsigned>(p.B * p.NH), static_cast<unsigned>((p.T + kBrq - 1) / kBrq));
-    kernel<<<grid, kBrq * 2, kSmem, stream>>>(p);
+    const dim3 grid(static_cast<unsigned>(p.B * p.NH),
+                    static_cast<unsigned>((p.T + kBrq - 1) / kBrq));
+    cudak::launch(kernel, grid, kBrq * 2, kSmem, stream, p);
     ST_CUDA_CHECK_LAUNCH("flash dq_kernel");
   }
 }
@@ -409,8 +414,9 @@ void launch_delta_dpp(const BwdParams& p, cudaStream_t stream) {
   constexpr int kSmem = (2 * kBrq * P + 4 * kBci * P) * 2;
   auto kernel = dq_kernel<T, HD, kBrq, kBci, true, ACC_LOW>;
   ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const dim3 grid(static_cast<unsigned>(p.B * p.NH), static_cast<unsigned>((p.T + kBrq - 1) / kBrq));
-  kernel<<<grid, kBrq * 2, kSmem, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.B * p.NH),
+                  static_cast<unsigned>((p.T + kBrq - 1) / kBrq));
+  cudak::launch(kernel, grid, kBrq * 2, kSmem, stream, p);
   ST_CUDA_CHECK_LAUNCH("flash delta (dp_p) kernel");
 }
 

@@ -35,72 +35,17 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/ptx.cuh"
+
 namespace st::flash {
 
-// ---------------------------------------------------------------- PTX wrappers
+// ---------------------------------------------------------------- PTX (cuda/ptx.cuh)
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ex2_approx;
+using ptx::smem_addr;
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d += a * b on one m16n8k16 tile; T selects bf16 or f16 inputs. FP32 accumulation.
-template <class T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    static_assert(std::is_same_v<T, __half>, "flash kernels: bf16 or f16 only");
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// 16-byte global -> shared copy; valid = false writes 16 zero bytes and reads nothing
-// (src-size 0), so rows past T come in as zeros (finite: 0 * P = 0 in the MMAs).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-// 4-byte version (lse, delta rows); invalid rows read as 0.
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// 2^x (MUFU, relative error ~2^-22, subnormal results flushed to 0; ex2(0) = 1 and
-// ex2(-inf) = 0 exactly).
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 // e^x as the kernels form it: one FP32 multiply by log2(e) and ex2. x = 0 gives exactly 1
 // (a tied maximum's P~ is exactly 1, as on the CPU), x = -inf gives 0 (masked scores).
 __device__ __forceinline__ float fexp(float x) {
@@ -232,29 +177,28 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* g, int64_t stri
     const int row = row0 + r;
     const bool ok = row < nrows;
     const T* src = g + static_cast<int64_t>(ok ? row : 0) * stride + c * 8;
-    cp_async16(dst + static_cast<uint32_t>((r * kPitch<HD> + c * 8) * 2), src, ok);
+    ptx::cp_async_16(dst + static_cast<uint32_t>((r * kPitch<HD> + c * 8) * 2), src, ok);
   }
 }
 
 template <int PITCH>
-__device__ __forceinline__ void lds_a(uint32_t (&a)[4], uint32_t base, int row0, int k0,
-                                      int lane) {
+__device__ __forceinline__ void lds_a(uint32_t (&a)[4], uint32_t base, int row0, int k0, int lane) {
   const int r = row0 + (lane & 15), c = k0 + ((lane >> 4) << 3);
-  ldsm_x4(a, base + static_cast<uint32_t>((r * PITCH + c) * 2));
+  ptx::ldmatrix_x4(a, base + static_cast<uint32_t>((r * PITCH + c) * 2));
 }
 // b[0], b[1]: n-block rows n0 .. n0+7; b[2], b[3]: n-block rows n0+8 .. n0+15.
 template <int PITCH>
 __device__ __forceinline__ void lds_b_rows(uint32_t (&b)[4], uint32_t base, int n0, int k0,
                                            int lane) {
   const int r = n0 + (lane & 7) + ((lane >> 4) << 3), c = k0 + (((lane >> 3) & 1) << 3);
-  ldsm_x4(b, base + static_cast<uint32_t>((r * PITCH + c) * 2));
+  ptx::ldmatrix_x4(b, base + static_cast<uint32_t>((r * PITCH + c) * 2));
 }
 // b[0], b[1]: n-block columns n0 .. n0+7; b[2], b[3]: columns n0+8 .. n0+15.
 template <int PITCH>
 __device__ __forceinline__ void lds_b_cols(uint32_t (&b)[4], uint32_t base, int k0, int n0,
                                            int lane) {
   const int r = k0 + (lane & 7) + (((lane >> 3) & 1) << 3), c = n0 + ((lane >> 4) << 3);
-  ldsm_x4_t(b, base + static_cast<uint32_t>((r * PITCH + c) * 2));
+  ptx::ldmatrix_x4_trans(b, base + static_cast<uint32_t>((r * PITCH + c) * 2));
 }
 
 // ---------------------------------------------------------------- warp GEMMs
@@ -263,8 +207,8 @@ __device__ __forceinline__ void lds_b_cols(uint32_t (&b)[4], uint32_t base, int 
 // x_row0 .. x_row0 + 8NB of the tile at sx (HD columns). S = Q K^T, dP = dO V^T, and the
 // transposed S^T = K Q^T, dP^T = V dO^T of the dK/dV kernel.
 template <class T, int HD, int NB>
-__device__ __forceinline__ void gemm_abt(float (&acc)[NB][4], uint32_t sa, int a_row0,
-                                         uint32_t sx, int x_row0, int lane) {
+__device__ __forceinline__ void gemm_abt(float (&acc)[NB][4], uint32_t sa, int a_row0, uint32_t sx,
+                                         int x_row0, int lane) {
   static_assert(NB % 2 == 0, "n-blocks come in pairs");
 #pragma unroll
   for (int ks = 0; ks < HD / 16; ++ks) {
@@ -274,8 +218,8 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[NB][4], uint32_t sa, int a
     for (int nn = 0; nn < NB / 2; ++nn) {
       uint32_t b[4];
       lds_b_rows<kPitch<HD>>(b, sx, x_row0 + nn * 16, ks * 16, lane);
-      mma16816<T>(acc[2 * nn], a, b[0], b[1]);
-      mma16816<T>(acc[2 * nn + 1], a, b[2], b[3]);
+      ptx::mma_16816<T>(acc[2 * nn], a, b[0], b[1]);
+      ptx::mma_16816<T>(acc[2 * nn + 1], a, b[2], b[3]);
     }
   }
 }
@@ -289,8 +233,8 @@ __device__ __forceinline__ void gemm_abt_reg(float (&acc)[NB][4], const uint32_t
     for (int nn = 0; nn < NB / 2; ++nn) {
       uint32_t b[4];
       lds_b_rows<kPitch<HD>>(b, sx, x_row0 + nn * 16, ks * 16, lane);
-      mma16816<T>(acc[2 * nn], a[ks], b[0], b[1]);
-      mma16816<T>(acc[2 * nn + 1], a[ks], b[2], b[3]);
+      ptx::mma_16816<T>(acc[2 * nn], a[ks], b[0], b[1]);
+      ptx::mma_16816<T>(acc[2 * nn + 1], a[ks], b[2], b[3]);
     }
   }
 }
@@ -305,8 +249,8 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[HD / 8][4], const uint32_t 
     for (int nn = 0; nn < HD / 16; ++nn) {
       uint32_t b[4];
       lds_b_cols<kPitch<HD>>(b, sx, x_row0 + kk * 16, nn * 16, lane);
-      mma16816<T>(acc[2 * nn], pa[kk], b[0], b[1]);
-      mma16816<T>(acc[2 * nn + 1], pa[kk], b[2], b[3]);
+      ptx::mma_16816<T>(acc[2 * nn], pa[kk], b[0], b[1]);
+      ptx::mma_16816<T>(acc[2 * nn + 1], pa[kk], b[2], b[3]);
     }
   }
 }

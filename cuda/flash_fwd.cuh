@@ -43,6 +43,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/flash_common.cuh"
 #include "cuda/flash_launch.cuh"
+#include "cuda/launch.cuh"
 
 namespace st::flash {
 
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
   constexpr int NB = BC / 8;  // S n-blocks per warp
   constexpr int ON = HD / 8;  // O n-blocks per warp
   using AccT = std::conditional_t<ACC_LOW, T, float>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  ST_SHARED_DYNAMIC(unsigned char, smem, 128);
   const uint32_t sQ = smem_addr(smem);
   const uint32_t sK = sQ + BR * P * 2;      // 2 stages of BC rows
   const uint32_t sV = sK + 2 * BC * P * 2;  // 2 stages of BC rows
@@ -143,8 +144,7 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
         const float thr = __double2float_ru(static_cast<double>(rm) - p.tie_tol);
         int ties = 0;
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-          ties += (s[nb][2 * ri] >= thr) + (s[nb][2 * ri + 1] >= thr);
+        for (int nb = 0; nb < NB; ++nb) ties += (s[nb][2 * ri] >= thr) + (s[nb][2 * ri + 1] >= thr);
         ties = quad_sum_int(ties);
         if (ties > 1 && rm != 0.f && rm > -INFINITY) {
           const double r = rm;
@@ -216,8 +216,7 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
         for (int ri = 0; ri < 2; ++ri) {
           const float2 o = unpack2<T>(acl[nb][ri]);
           const float n0 = add_round<T>(__fmul_rn(alpha[ri], o.x), round_t<T>(pv[nb][2 * ri]));
-          const float n1 =
-              add_round<T>(__fmul_rn(alpha[ri], o.y), round_t<T>(pv[nb][2 * ri + 1]));
+          const float n1 = add_round<T>(__fmul_rn(alpha[ri], o.y), round_t<T>(pv[nb][2 * ri + 1]));
           acl[nb][ri] = pack2<T>(n0, n1);
         }
     }
@@ -276,18 +275,22 @@ void launch_fwd(const FwdParams& p, cudaStream_t stream) {
   // Per call (cheap), so it holds on whichever device is current.
   ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(static_cast<unsigned>(p.B * p.NH), static_cast<unsigned>((p.T + BR - 1) / BR));
-  kernel<<<grid, BR * 2, kSmem, stream>>>(p);
+  cudak::launch(kernel, grid, BR * 2, kSmem, stream, p);
   ST_CUDA_CHECK_LAUNCH("flash fwd_kernel");
 }
 
 template <class T, int HD, int BR, int BC>
 void fwd_variants(const FwdParams& p, bool stab, bool acc_low, cudaStream_t s) {
   if (stab) {
-    if (acc_low) launch_fwd<T, HD, BR, BC, true, true>(p, s);
-    else launch_fwd<T, HD, BR, BC, true, false>(p, s);
+    if (acc_low)
+      launch_fwd<T, HD, BR, BC, true, true>(p, s);
+    else
+      launch_fwd<T, HD, BR, BC, true, false>(p, s);
   } else {
-    if (acc_low) launch_fwd<T, HD, BR, BC, false, true>(p, s);
-    else launch_fwd<T, HD, BR, BC, false, false>(p, s);
+    if (acc_low)
+      launch_fwd<T, HD, BR, BC, false, true>(p, s);
+    else
+      launch_fwd<T, HD, BR, BC, false, false>(p, s);
   }
 }
 

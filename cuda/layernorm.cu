@@ -15,6 +15,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace st::cudak {
 namespace {
@@ -162,9 +163,11 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
     const auto* w = static_cast<const T*>(weight);
     const auto* b = static_cast<const T*>(bias);
     if (wide) {
-      layernorm_forward_kernel<T, W><<<grid, kThreads, 0, stream>>>(o, mean, rstd, x, w, b, N, C);
+      cudak::launch(layernorm_forward_kernel<T, W>, grid, kThreads, 0, stream, o, mean, rstd, x, w,
+                    b, N, C);
     } else {
-      layernorm_forward_kernel<T, 1><<<grid, kThreads, 0, stream>>>(o, mean, rstd, x, w, b, N, C);
+      cudak::launch(layernorm_forward_kernel<T, 1>, grid, kThreads, 0, stream, o, mean, rstd, x, w,
+                    b, N, C);
     }
     ST_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
   });
@@ -195,17 +198,18 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout
     const bool wide =
         C % W == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
     if (wide) {
-      layernorm_dinp_kernel<T, W><<<grid, kThreads, 0, stream>>>(di, d, x, w, mean, rstd, N, C);
+      cudak::launch(layernorm_dinp_kernel<T, W>, grid, kThreads, 0, stream, di, d, x, w, mean, rstd,
+                    N, C);
     } else {
-      layernorm_dinp_kernel<T, 1><<<grid, kThreads, 0, stream>>>(di, d, x, w, mean, rstd, N, C);
+      cudak::launch(layernorm_dinp_kernel<T, 1>, grid, kThreads, 0, stream, di, d, x, w, mean, rstd,
+                    N, C);
     }
     ST_CUDA_CHECK_LAUNCH("layernorm_dinp_kernel");
-    layernorm_dwdb_partial_kernel<T>
-        <<<dim3(static_cast<unsigned>(chunks), ctiles), kColThreads, 0, stream>>>(
-            part_dw, part_db, d, x, mean, rstd, N, C);
+    cudak::launch(layernorm_dwdb_partial_kernel<T>, dim3(static_cast<unsigned>(chunks), ctiles),
+                  kColThreads, 0, stream, part_dw, part_db, d, x, mean, rstd, N, C);
     ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_partial_kernel");
-    layernorm_dwdb_final_kernel<T><<<ctiles, kColThreads, 0, stream>>>(
-        static_cast<T*>(dweight), static_cast<T*>(dbias), part_dw, part_db, chunks, C);
+    cudak::launch(layernorm_dwdb_final_kernel<T>, ctiles, kColThreads, 0, stream,
+                  static_cast<T*>(dweight), static_cast<T*>(dbias), part_dw, part_db, chunks, C);
     ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_final_kernel");
   });
 }

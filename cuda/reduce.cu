@@ -14,6 +14,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace st::cudak {
 namespace {
@@ -45,7 +46,7 @@ constexpr int kFinalThreads = 1024;
 template <class T>
 __global__ void __launch_bounds__(kSumThreads)
     sumsq_partial_kernel(double* part, const T* x, size_t n) {
-  __shared__ double smem[32];
+  ST_SHARED(double, smem, [32]);
   const size_t base = static_cast<size_t>(blockIdx.x) * kSumChunk;
   const size_t end = min(n, base + kSumChunk);
   double acc = 0.0;
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kSumThreads)
 // stages a tile of them in shared memory (coalesced loads), one thread adds the tile in order.
 __global__ void __launch_bounds__(kFinalThreads)
     sumsq_final_kernel(double* result, const double* part, size_t nparts) {
-  __shared__ double tile[kFinalThreads];
+  ST_SHARED(double, tile, [kFinalThreads]);
   double total = 0.0;  // meaningful in thread 0
   for (size_t base = 0; base < nparts; base += kFinalThreads) {
     const size_t i = base + threadIdx.x;
@@ -100,11 +101,11 @@ void colsum_accumulate(void* dbias, const void* dout, int N, int OC, DType dtype
   ST_CHECK(ctiles <= 65535u, "colsum: OC = ", OC, " is too wide");
   dispatch_storage(dtype, "colsum", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    colsum_partial_kernel<T><<<dim3(static_cast<unsigned>(chunks), ctiles), kThreads, 0, stream>>>(
-        scratch, static_cast<const T*>(dout), N, OC);
+    cudak::launch(colsum_partial_kernel<T>, dim3(static_cast<unsigned>(chunks), ctiles), kThreads,
+                  0, stream, scratch, static_cast<const T*>(dout), N, OC);
     ST_CUDA_CHECK_LAUNCH("colsum_partial_kernel");
-    colsum_final_kernel<T>
-        <<<ctiles, kThreads, 0, stream>>>(static_cast<T*>(dbias), scratch, chunks, OC);
+    cudak::launch(colsum_final_kernel<T>, ctiles, kThreads, 0, stream, static_cast<T*>(dbias),
+                  scratch, chunks, OC);
     ST_CUDA_CHECK_LAUNCH("colsum_final_kernel");
   });
 }
@@ -120,11 +121,11 @@ void sum_squares(double* result, const void* x, size_t n, DType dtype, double* s
   ST_CHECK(nparts <= 0x7fffffffu, "sum_squares: ", n, " elements is too many");
   dispatch_storage(dtype, "sum_squares", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    sumsq_partial_kernel<T><<<static_cast<unsigned>(nparts), kSumThreads, 0, stream>>>(
-        scratch, static_cast<const T*>(x), n);
+    cudak::launch(sumsq_partial_kernel<T>, static_cast<unsigned>(nparts), kSumThreads, 0, stream,
+                  scratch, static_cast<const T*>(x), n);
     ST_CUDA_CHECK_LAUNCH("sumsq_partial_kernel");
   });
-  sumsq_final_kernel<<<1, kFinalThreads, 0, stream>>>(result, scratch, nparts);
+  cudak::launch(sumsq_final_kernel, 1, kFinalThreads, 0, stream, result, scratch, nparts);
   ST_CUDA_CHECK_LAUNCH("sumsq_final_kernel");
 }
 
@@ -133,8 +134,8 @@ void any_nonfinite(int* flag, const void* x, size_t n, DType dtype, cudaStream_t
   constexpr int kThreads = 256;
   dispatch_storage(dtype, "all_finite", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    nonfinite_kernel<T>
-        <<<grid_for(n, kThreads), kThreads, 0, stream>>>(flag, static_cast<const T*>(x), n);
+    cudak::launch(nonfinite_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, flag,
+                  static_cast<const T*>(x), n);
     ST_CUDA_CHECK_LAUNCH("nonfinite_kernel");
   });
 }

@@ -1,0 +1,3 @@
+// SIMT emulator stand-in for <cuda_runtime_api.h> (tests/simt/simt.h holds the definitions).
+#pragma once
+#include "simt/simt.h"

@@ -1,0 +1,1107 @@
+// SIMT emulator runtime (see simt.h for the model). Compiled WITHOUT -fsanitize=thread: it
+// implements the __tsan_* hooks that the instrumented kernel sources call on every memory
+// access, and checks the ones that land in the running block's shared memory.
+#include "simt/simt.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define SIMT_ASAN 1
+#else
+#define SIMT_ASAN 0
+#endif
+
+namespace simt {
+
+ThreadRegs* g_regs = nullptr;
+
+namespace {
+
+constexpr size_t kStackBytes = 512 * 1024;
+constexpr size_t kSmemSpace = 1 << 20;        // emulated shared address space per block
+constexpr size_t kRedzone = 256;              // unaddressable bytes around every variable
+constexpr size_t kDefaultSmem = 48 * 1024;    // without cudaFuncSetAttribute
+constexpr size_t kMaxSmemOptin = 227 * 1024;  // sm_90, static + dynamic, per block
+constexpr size_t kMaxStaticSmem = 48 * 1024;
+
+enum class St { Ready, Bar, Warp, Exited };
+enum class Op { None, SyncWarp, Shfl, Vote, Ldm, Mma };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::SyncWarp:
+      return "__syncwarp";
+    case Op::Shfl:
+      return "__shfl_*_sync";
+    case Op::Vote:
+      return "__ballot/__any/__all_sync";
+    case Op::Ldm:
+      return "ldmatrix";
+    case Op::Mma:
+      return "mma.sync";
+    default:
+      return "?";
+  }
+}
+
+struct Copy {
+  uint32_t dst;
+  const void* src;
+  int cp, sz;
+};
+
+struct Fiber {
+  ucontext_t ctx{};
+  void* stack = nullptr;
+  ThreadRegs regs{};
+  int tid = 0, warp = 0, lane = 0;
+  St st = St::Ready;
+  // the collective this thread waits at
+  Op op = Op::None;
+  unsigned mask = 0;
+  Shfl mode = Shfl::Idx;
+  int arg = 0, width = 32, bytes = 0, vop = 0;
+  bool flag = false;  // vote predicate / ldmatrix trans / mma bf16
+  int bar_pred = 0, bar_op = 0;
+  alignas(16) unsigned char in[48]{};
+  alignas(16) unsigned char out[32]{};
+  std::vector<Copy> uncommitted;
+  std::deque<std::vector<Copy>> groups;
+};
+
+// Race record of one shared byte.
+struct Acc {
+  int16_t wt, rt;   // writer / reader thread (-1 none, rt -2: several readers)
+  int16_t rwarp;    // the readers' warp when they are all in one, else -1
+  uint32_t we, ww;  // block epoch, writer's warp epoch
+  uint32_t re, rw;  // block epoch, largest warp epoch of the readers
+};
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+struct Runtime {
+  Options opts;
+  Stats stats;
+  std::string last_failure, err_text;
+  uint64_t failures = 0;
+  cudaError_t last_error = cudaSuccess;
+  std::map<const void*, int> max_dyn;  // cudaFuncSetAttribute
+
+  // the launch in progress
+  bool active = false, failed = false;
+  const char* name = "";
+  const std::function<void()>* body = nullptr;
+  dim3 grid, block;
+  size_t dyn = 0, limit = kDefaultSmem;
+  uint3 bidx{};
+
+  // the block in progress
+  std::vector<Fiber> fibers;
+  std::vector<void*> stacks;
+  int nthreads = 0, live = 0, at_bar = 0;
+  uint32_t epoch = 1;
+  std::vector<uint32_t> wepoch;
+  std::vector<int> ready;
+  uint64_t rng = 0;
+  ucontext_t sched{};
+  Fiber* cur = nullptr;
+#if SIMT_ASAN
+  void* sched_fake = nullptr;
+  const void* sched_bottom = nullptr;
+  size_t sched_size = 0;
+#endif
+
+  // shared memory of the block
+  unsigned char* mem = nullptr;
+  std::vector<uint8_t> state;  // 0 unaddressable, 1 allocated, 2 written
+  std::vector<Acc> acc;
+  size_t used = 0, static_bytes = 0;
+  std::vector<std::pair<const void*, size_t>> statics;
+
+  Runtime() {
+    mem = static_cast<unsigned char*>(std::aligned_alloc(4096, kSmemSpace));
+    state.assign(kSmemSpace, 0);
+    acc.resize(kSmemSpace);
+    fibers.resize(1024);
+  }
+};
+
+Runtime& rt() {
+  static Runtime* r = new Runtime;  // never destroyed: hooks may run during exit
+  return *r;
+}
+
+std::string where(const Fiber* f) {
+  Runtime& r = rt();
+  std::ostringstream o;
+  o << "kernel " << r.name << ", block (" << r.bidx.x << "," << r.bidx.y << "," << r.bidx.z << ")";
+  if (f) {
+    o << ", thread (" << f->regs.thread_idx.x << "," << f->regs.thread_idx.y << ","
+      << f->regs.thread_idx.z << ") [warp " << f->warp << " lane " << f->lane << "]";
+  }
+  return o.str();
+}
+
+void record_failure(cudaError_t code, const std::string& msg) {
+  Runtime& r = rt();
+  if (r.failed) return;
+  r.failed = true;
+  r.last_error = code;
+  r.last_failure = msg;
+  ++r.failures;
+  std::fprintf(stderr, "[simt] %s\n", msg.c_str());
+}
+
+// ---------------------------------------------------------------- fibers
+
+void switch_to(Fiber* f) {
+  Runtime& r = rt();
+  r.cur = f;
+  g_regs = &f->regs;
+  ++r.stats.switches;
+#if SIMT_ASAN
+  __sanitizer_start_switch_fiber(&r.sched_fake, f->stack, kStackBytes);
+#endif
+  swapcontext(&r.sched, &f->ctx);
+#if SIMT_ASAN
+  __sanitizer_finish_switch_fiber(r.sched_fake, &r.sched_bottom, &r.sched_size);
+#endif
+  r.cur = nullptr;
+  g_regs = nullptr;
+}
+
+// From the running fiber back to the scheduler, in state s.
+void yield(St s) {
+  Runtime& r = rt();
+  Fiber* f = r.cur;
+  f->st = s;
+#if SIMT_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(s == St::Exited ? nullptr : &fake, r.sched_bottom, r.sched_size);
+#endif
+  swapcontext(&f->ctx, &r.sched);
+#if SIMT_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+  // resumed by the scheduler (never after a failure: failed launches abandon fibers)
+}
+
+void complete_group(Fiber* f, const std::vector<Copy>& g);
+
+void fiber_entry() {
+  Runtime& r = rt();
+#if SIMT_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &r.sched_bottom, &r.sched_size);
+#endif
+  Fiber* f = r.cur;
+  try {
+    (*r.body)();
+  } catch (const std::exception& e) {
+    record_failure(cudaErrorLaunchFailure, where(f) + ": exception in device code: " + e.what());
+    yield(St::Exited);
+  }
+  // Copies still in flight land before the thread is gone (as on the GPU, eventually).
+  if (!f->uncommitted.empty()) f->groups.push_back(std::move(f->uncommitted));
+  while (!f->groups.empty() && !r.failed) {
+    complete_group(f, f->groups.front());
+    f->groups.pop_front();
+  }
+  yield(St::Exited);
+  std::abort();  // an exited fiber is never resumed
+}
+
+void* stack_for(int i) {
+  Runtime& r = rt();
+  while (static_cast<int>(r.stacks.size()) <= i) {
+    void* p = mmap(nullptr, kStackBytes + 4096, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "[simt] mmap of a fiber stack failed\n");
+      std::abort();
+    }
+    mprotect(p, 4096, PROT_NONE);  // guard page: a stack overflow faults
+    r.stacks.push_back(static_cast<char*>(p) + 4096);
+  }
+  return r.stacks[i];
+}
+
+// ---------------------------------------------------------------- shared memory checks
+
+void check_access(const Fiber* f, size_t off, size_t n, bool write) {
+  Runtime& r = rt();
+  if (r.failed) return;
+  const uint32_t E = r.epoch, W = r.wepoch[f->warp];
+  const int t = f->tid, w = f->warp;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t a = off + i;
+    const uint8_t s = a < kSmemSpace ? r.state[a] : 0;
+    if (s == 0) {
+      std::ostringstream o;
+      o << where(f) << ": shared memory " << (write ? "write" : "read") << " of " << n
+        << " bytes at offset " << off << " is out of bounds (byte " << a
+        << " belongs to no shared variable; dynamic size " << r.dyn << ")";
+      record_failure(cudaErrorIllegalAddress, o.str());
+      return;
+    }
+    if (!write && s == 1 && r.opts.check_uninit) {
+      std::ostringstream o;
+      o << where(f) << ": shared memory read of " << n << " bytes at offset " << off
+        << " reads byte " << a << ", which no thread of this block has written";
+      record_failure(cudaErrorLaunchFailure, o.str());
+      return;
+    }
+    if (!r.opts.check_races) {
+      if (write) r.state[a] = 2;
+      continue;
+    }
+    Acc& c = r.acc[a];
+    auto ordered = [&](int other, uint32_t other_w) {  // same warp, __syncwarp between
+      return other / 32 == w && other_w != W;
+    };
+    const char* kind = nullptr;
+    int other = -1;
+    if (c.wt >= 0 && c.wt != t && c.we == E && !ordered(c.wt, c.ww)) {
+      kind = write ? "write-write" : "write-read";
+      other = c.wt;
+    } else if (write && c.rt != -1 && c.re == E) {
+      if (c.rt == -2) {
+        if (!(c.rwarp == w && c.rw != W)) kind = "read-write (several readers)", other = -2;
+      } else if (c.rt != t && !ordered(c.rt, c.rw)) {
+        kind = "read-write";
+        other = c.rt;
+      }
+    }
+    if (kind) {
+      std::ostringstream o;
+      o << where(f) << ": shared memory race (" << kind << ") on byte " << a << " with thread ";
+      if (other >= 0)
+        o << other;
+      else
+        o << "(several)";
+      o << ", with no __syncthreads between (epoch " << E << ")";
+      record_failure(cudaErrorLaunchFailure, o.str());
+      return;
+    }
+    if (write) {
+      c.wt = static_cast<int16_t>(t);
+      c.we = E;
+      c.ww = W;
+      c.rt = -1;
+      r.state[a] = 2;
+    } else if (c.rt == -1 || c.re != E) {
+      c.rt = static_cast<int16_t>(t);
+      c.re = E;
+      c.rw = W;
+      c.rwarp = static_cast<int16_t>(w);
+    } else if (c.rt != t) {
+      if (c.rwarp != w) c.rwarp = -1;
+      c.rt = -2;
+      c.rw = std::max(c.rw, W);
+    } else {
+      c.rw = std::max(c.rw, W);
+    }
+  }
+}
+
+size_t offset_of(const void* p) {
+  return static_cast<size_t>(static_cast<const unsigned char*>(p) - rt().mem);
+}
+
+void reset_shared() {
+  Runtime& r = rt();
+  std::fill(r.state.begin(), r.state.begin() + static_cast<long>(r.used), 0);
+  std::fill(r.acc.begin(), r.acc.begin() + static_cast<long>(r.used), Acc{-1, -1, -1, 0, 0, 0, 0});
+  // dynamic shared memory first, after a redzone
+  const size_t dyn_off = kRedzone;
+  std::fill(r.state.begin() + dyn_off, r.state.begin() + static_cast<long>(dyn_off + r.dyn), 1);
+  r.used = dyn_off + r.dyn + kRedzone;
+  r.statics.clear();
+  r.static_bytes = 0;
+#if SIMT_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(r.mem, kSmemSpace);
+  std::memset(r.mem, 0xA5, r.used);
+  ASAN_POISON_MEMORY_REGION(r.mem, dyn_off);
+  ASAN_POISON_MEMORY_REGION(r.mem + dyn_off + r.dyn, kSmemSpace - dyn_off - r.dyn);
+#else
+  std::memset(r.mem, 0xA5, r.used);  // garbage, as on the GPU
+#endif
+}
+
+// ---------------------------------------------------------------- collectives
+
+bool in_mask(unsigned mask, int lane) {
+  return (mask >> lane) & 1u;
+}
+
+void exec_shfl(Fiber* base, unsigned mask) {
+  for (int l = 0; l < 32; ++l) {
+    if (!in_mask(mask, l)) continue;
+    Fiber& f = base[l];
+    const int width = f.width;
+    if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
+      kernel_fail(where(&f) + ": shfl width " + std::to_string(width) +
+                  " is not a power of 2 <= 32");
+    }
+    const int seg = l & ~(width - 1);
+    int src = l;
+    switch (f.mode) {
+      case Shfl::Idx:
+        src = seg + (f.arg & (width - 1));
+        break;
+      case Shfl::Up:
+        src = l - f.arg < seg ? l : l - f.arg;
+        break;
+      case Shfl::Down:
+        src = l + f.arg >= seg + width ? l : l + f.arg;
+        break;
+      case Shfl::Xor:
+        src = l ^ f.arg;
+        if (src < seg || src >= seg + width) src = l;
+        break;
+    }
+    if (src < 0 || src > 31 || !in_mask(mask, src)) {
+      kernel_fail(where(&f) + ": shfl reads lane " + std::to_string(src) +
+                  ", which is not in the mask (undefined on the GPU)");
+    }
+    std::memcpy(f.out, base[src].in, 8);
+  }
+}
+
+void exec_vote(Fiber* base, unsigned mask) {
+  unsigned ballot = 0;
+  for (int l = 0; l < 32; ++l)
+    if (in_mask(mask, l) && base[l].flag) ballot |= 1u << l;
+  for (int l = 0; l < 32; ++l) {
+    if (!in_mask(mask, l)) continue;
+    unsigned v = ballot;
+    if (base[l].vop == 1) v = ballot != 0;
+    if (base[l].vop == 2) v = ballot == mask;
+    std::memcpy(base[l].out, &v, 4);
+  }
+}
+
+void exec_ldmatrix(Fiber* base) {
+  const int num = base[0].arg;
+  const bool trans = base[0].flag;
+  for (int l = 1; l < 32; ++l) {
+    if (base[l].arg != num || base[l].flag != trans) {
+      kernel_fail(where(&base[l]) + ": ldmatrix with another shape than lane 0 in the same warp");
+    }
+  }
+  // rows[i][r]: the 16 bytes of row r of matrix i, read by the lane that gave its address
+  uint16_t rows[4][8][8];
+  for (int i = 0; i < num; ++i) {
+    for (int rr = 0; rr < 8; ++rr) {
+      Fiber& f = base[8 * i + rr];
+      uint32_t addr;
+      std::memcpy(&addr, f.in, 4);
+      if (addr % 16 != 0) {
+        kernel_fail(where(&f) + ": ldmatrix row address " + std::to_string(addr) +
+                    " is not 16-byte aligned");
+      }
+      check_access(&f, addr, 16, false);  // the read is this lane's
+      if (rt().failed) throw std::runtime_error(rt().last_failure);
+      std::memcpy(rows[i][rr], rt().mem + addr, 16);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    uint32_t reg[4] = {0, 0, 0, 0};
+    const int g = l / 4, c = l % 4;
+    for (int i = 0; i < num; ++i) {
+      uint16_t lo, hi;
+      if (!trans) {
+        lo = rows[i][g][2 * c];
+        hi = rows[i][g][2 * c + 1];
+      } else {
+        lo = rows[i][2 * c][g];
+        hi = rows[i][2 * c + 1][g];
+      }
+      reg[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+    std::memcpy(base[l].out, reg, 16);
+  }
+}
+
+double half_value(uint16_t h, bool bf16) {
+  if (bf16) return static_cast<double>(__uint_as_float(static_cast<uint32_t>(h) << 16));
+  return static_cast<double>(f16_to_f32(h));
+}
+
+// D = A (16x16) B (16x8) + C with the PTX ISA's m16n8k16 fragment layouts (simt.h / README):
+// g = lane / 4, c = lane % 4;
+//   A regs: {A[g][2c],A[g][2c+1]}, {A[g+8][2c],..}, {A[g][2c+8],..}, {A[g+8][2c+8],..}
+//   B regs: {B[2c][g],B[2c+1][g]}, {B[2c+8][g],B[2c+9][g]}
+//   C/D:    D[g][2c], D[g][2c+1], D[g+8][2c], D[g+8][2c+1]
+// Accumulation: the 16 products are exact in FP64 and summed in FP64 with C, then rounded
+// once to FP32. (Real tensor cores align and truncate partial sums; results may differ in
+// the last bits, which is why the flash tests compare with tolerances.)
+void exec_mma(Fiber* base) {
+  const bool bf16 = base[0].flag;
+  double A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    Fiber& f = base[l];
+    if (f.flag != bf16) kernel_fail(where(&f) + ": mma.sync with mixed input types in one warp");
+    uint32_t a[4], b[2];
+    float c[4];
+    std::memcpy(a, f.in, 16);
+    std::memcpy(b, f.in + 16, 8);
+    std::memcpy(c, f.in + 24, 16);
+    const int g = l / 4, t = l % 4;
+    const int ar[4] = {g, g + 8, g, g + 8}, ac[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+    for (int i = 0; i < 4; ++i) {
+      A[ar[i]][ac[i]] = half_value(static_cast<uint16_t>(a[i] & 0xffff), bf16);
+      A[ar[i]][ac[i] + 1] = half_value(static_cast<uint16_t>(a[i] >> 16), bf16);
+    }
+    for (int i = 0; i < 2; ++i) {
+      B[2 * t + 8 * i][g] = half_value(static_cast<uint16_t>(b[i] & 0xffff), bf16);
+      B[2 * t + 8 * i + 1][g] = half_value(static_cast<uint16_t>(b[i] >> 16), bf16);
+    }
+    C[g][2 * t] = c[0];
+    C[g][2 * t + 1] = c[1];
+    C[g + 8][2 * t] = c[2];
+    C[g + 8][2 * t + 1] = c[3];
+  }
+  float D[16][8];
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      double s = C[i][j];
+      for (int k = 0; k < 16; ++k) s += A[i][k] * B[k][j];
+      D[i][j] = static_cast<float>(s);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    const float d[4] = {D[g][2 * t], D[g][2 * t + 1], D[g + 8][2 * t], D[g + 8][2 * t + 1]};
+    std::memcpy(base[l].out, d, 16);
+  }
+}
+
+// The warp of `f` may complete a collective now: every lane named in the mask of a waiting
+// lane has arrived at the same one. Returns the lanes released (0 if none).
+void try_warp(int warp) {
+  Runtime& r = rt();
+  const int first = warp * 32;
+  const int nl = std::min(32, r.nthreads - first);
+  Fiber* base = &r.fibers[first];
+  for (int l = 0; l < nl; ++l) {
+    Fiber& f = base[l];
+    if (f.st != St::Warp) continue;
+    const unsigned mask = f.mask;
+    if (!in_mask(mask, l)) {
+      kernel_fail(where(&f) + ": " + op_name(f.op) + " with a mask that does not name this lane");
+    }
+    if ((f.op == Op::Ldm || f.op == Op::Mma) && mask != 0xffffffffu) {
+      kernel_fail(where(&f) + ": " + op_name(f.op) + " needs all 32 lanes of the warp");
+    }
+    bool complete = true;
+    for (int m = 0; m < 32; ++m) {
+      if (!in_mask(mask, m)) continue;
+      if (m >= nl) {
+        kernel_fail(where(&f) + ": " + op_name(f.op) + " names lane " + std::to_string(m) +
+                    ", which does not exist (block of " + std::to_string(r.nthreads) + ")");
+      }
+      Fiber& o = base[m];
+      if (o.st == St::Exited) {
+        kernel_fail(where(&f) + ": " + op_name(f.op) + " waits for lane " + std::to_string(m) +
+                    ", which has exited");
+      }
+      if (o.st != St::Warp) {
+        complete = false;
+        continue;
+      }
+      if (o.op != f.op || o.mask != mask) {
+        kernel_fail(where(&o) + ": lane arrives at " + op_name(o.op) + " (mask " +
+                    std::to_string(o.mask) + ") while lane " + std::to_string(l) + " waits at " +
+                    op_name(f.op) + " (mask " + std::to_string(mask) + ")");
+      }
+    }
+    if (!complete) continue;
+    switch (f.op) {
+      case Op::SyncWarp:
+        ++r.wepoch[warp];
+        break;
+      case Op::Shfl:
+        exec_shfl(base, mask);
+        break;
+      case Op::Vote:
+        exec_vote(base, mask);
+        break;
+      case Op::Ldm:
+        exec_ldmatrix(base);
+        break;
+      case Op::Mma:
+        exec_mma(base);
+        break;
+      default:
+        break;
+    }
+    for (int m = 0; m < 32; ++m) {
+      if (!in_mask(mask, m)) continue;
+      base[m].st = St::Ready;
+      base[m].op = Op::None;
+      r.ready.push_back(first + m);
+    }
+  }
+}
+
+// Called by a thread: wait at a warp collective until the warp completes it.
+void warp_wait(Op op, unsigned mask) {
+  Runtime& r = rt();
+  Fiber* f = r.cur;
+  if (!f) {
+    std::fprintf(stderr, "[simt] a warp collective outside a kernel launch\n");
+    std::abort();
+  }
+  f->op = op;
+  f->mask = mask;
+  yield(St::Warp);
+}
+
+void release_barrier() {
+  Runtime& r = rt();
+  int agg[3] = {0, 1, 0};  // count, and, or
+  for (int i = 0; i < r.nthreads; ++i) {
+    Fiber& f = r.fibers[i];
+    if (f.st != St::Bar) continue;
+    agg[0] += f.bar_pred != 0;
+    agg[1] &= f.bar_pred != 0;
+    agg[2] |= f.bar_pred != 0;
+  }
+  ++r.epoch;
+  for (int i = 0; i < r.nthreads; ++i) {
+    Fiber& f = r.fibers[i];
+    if (f.st != St::Bar) continue;
+    f.bar_pred = agg[f.bar_op];
+    f.st = St::Ready;
+    r.ready.push_back(i);
+  }
+  r.at_bar = 0;
+}
+
+std::string deadlock_text() {
+  Runtime& r = rt();
+  std::ostringstream o;
+  o << where(nullptr) << ": deadlock: no thread can go on;";
+  int shown = 0;
+  for (int i = 0; i < r.nthreads && shown < 4; ++i) {
+    Fiber& f = r.fibers[i];
+    if (f.st == St::Bar) o << " thread " << i << " waits at __syncthreads;", ++shown;
+    if (f.st == St::Warp) o << " thread " << i << " waits at " << op_name(f.op) << ";", ++shown;
+  }
+  int exited = 0;
+  for (int i = 0; i < r.nthreads; ++i) exited += r.fibers[i].st == St::Exited;
+  o << " " << exited << " of " << r.nthreads << " threads have exited";
+  return o.str();
+}
+
+void run_block(uint3 b) {
+  Runtime& r = rt();
+  r.bidx = b;
+  r.nthreads = static_cast<int>(r.block.x * r.block.y * r.block.z);
+  r.live = r.nthreads;
+  r.at_bar = 0;
+  r.epoch = 1;
+  r.wepoch.assign((r.nthreads + 31) / 32, 1);
+  reset_shared();
+  r.ready.clear();
+  for (int i = 0; i < r.nthreads; ++i) {
+    Fiber& f = r.fibers[i];
+    f.tid = i;
+    f.warp = i / 32;
+    f.lane = i % 32;
+    f.st = St::Ready;
+    f.op = Op::None;
+    f.uncommitted.clear();
+    f.groups.clear();
+    f.regs.thread_idx =
+        uint3{i % r.block.x, (i / r.block.x) % r.block.y, i / (r.block.x * r.block.y)};
+    f.regs.block_idx = b;
+    f.regs.block_dim = r.block;
+    f.regs.grid_dim = r.grid;
+    f.stack = stack_for(i);
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+    r.ready.push_back(i);
+  }
+  ++r.stats.blocks;
+  r.stats.threads += static_cast<uint64_t>(r.nthreads);
+  while (!r.failed) {
+    if (r.ready.empty()) {
+      if (r.live == 0) break;
+      if (r.at_bar == r.live) {
+        release_barrier();
+        continue;
+      }
+      record_failure(cudaErrorLaunchFailure, deadlock_text());
+      break;
+    }
+    size_t pick = 0;
+    if (r.opts.schedule_seed != 0) pick = splitmix(r.rng) % r.ready.size();
+    const int i = r.ready[pick];
+    r.ready.erase(r.ready.begin() + static_cast<long>(pick));
+    Fiber& f = r.fibers[i];
+    switch_to(&f);
+    if (r.failed) break;
+    switch (f.st) {
+      case St::Exited:
+        --r.live;
+        try_warp(f.warp);  // fails if a lane waits for this one
+        break;
+      case St::Bar:
+        ++r.at_bar;
+        break;
+      case St::Warp:
+        try_warp(f.warp);
+        break;
+      case St::Ready:
+        r.ready.push_back(i);
+        break;
+    }
+  }
+}
+
+// kernel_fail from the scheduler context (try_warp) must not switch: it only records.
+bool in_fiber() {
+  return rt().cur != nullptr;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public interface
+
+Options& options() {
+  return rt().opts;
+}
+const std::string& last_failure() {
+  return rt().last_failure;
+}
+uint64_t failures() {
+  return rt().failures;
+}
+Stats& stats() {
+  return rt().stats;
+}
+
+void kernel_fail(const std::string& msg) {
+  record_failure(cudaErrorLaunchFailure, msg);
+  if (in_fiber()) yield(St::Exited);  // abandoned: the scheduler stops the launch
+  throw std::runtime_error(msg);      // scheduler side (collective checks): unwound in launch
+}
+
+void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t dyn_smem,
+            const std::function<void()>& body) {
+  Runtime& r = rt();
+  if (r.active) {
+    std::fprintf(stderr, "[simt] kernel launch from device code is not supported\n");
+    std::abort();
+  }
+  r.failed = false;
+  // cuda/launch.cuh passes its __PRETTY_FUNCTION__: keep the kernel's parameter types
+  static std::string short_name;
+  const std::string full(name);
+  const size_t a = full.find("P = {"), b = full.find('}', a);
+  short_name = a == std::string::npos || b == std::string::npos
+                   ? full
+                   : "kernel(" + full.substr(a + 5, b - a - 5) + ")";
+  r.name = short_name.c_str();
+  ++r.stats.launches;
+  std::ostringstream o;
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+    o << "launch of " << name << ": invalid configuration grid (" << grid.x << "," << grid.y << ","
+      << grid.z << ") block (" << block.x << "," << block.y << "," << block.z << ")";
+    record_failure(cudaErrorInvalidConfiguration, o.str());
+    return;
+  }
+  auto it = r.max_dyn.find(kernel);
+  const size_t optin = it == r.max_dyn.end() ? 0 : static_cast<size_t>(it->second);
+  r.limit = std::max(kDefaultSmem, optin > 0 ? kMaxSmemOptin : 0);
+  const size_t allowed = std::max(kDefaultSmem, optin);
+  if (dyn_smem > allowed || dyn_smem > kMaxSmemOptin) {
+    o << "launch of " << name << ": " << dyn_smem << " bytes of dynamic shared memory exceed "
+      << (dyn_smem > kMaxSmemOptin ? "the sm_90 maximum of 232448"
+          : optin ? "the cudaFuncSetAttribute(MaxDynamicSharedMemorySize) value of " +
+                        std::to_string(optin)
+                  : "49152 (48 KB) without "
+                    "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    record_failure(cudaErrorInvalidValue, o.str());
+    return;
+  }
+  if (kRedzone * 2 + dyn_smem > kSmemSpace) std::abort();
+  r.grid = grid;
+  r.block = block;
+  r.dyn = dyn_smem;
+  r.body = &body;
+  r.active = true;
+  r.rng = r.opts.schedule_seed * 0x2545F4914F6CDD1Dull + 1;
+  // block order: row-major, or a seeded permutation
+  std::vector<uint64_t> order(uint64_t{grid.x} * grid.y * grid.z);
+  for (uint64_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (r.opts.schedule_seed != 0) {
+    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[splitmix(r.rng) % i]);
+  }
+  for (uint64_t lin : order) {
+    const uint3 b{static_cast<unsigned>(lin % grid.x),
+                  static_cast<unsigned>((lin / grid.x) % grid.y),
+                  static_cast<unsigned>(lin / (uint64_t{grid.x} * grid.y))};
+    try {
+      run_block(b);
+    } catch (const std::runtime_error&) {
+      // recorded by kernel_fail
+    }
+    if (r.failed) break;
+  }
+  r.active = false;
+  r.body = nullptr;
+}
+
+void set_max_dynamic_smem(const void* kernel, int bytes) {
+  rt().max_dyn[kernel] = bytes;
+}
+
+void* shared_static(const void* tag, size_t bytes, size_t align, const char* what) {
+  Runtime& r = rt();
+  if (!r.cur) {
+    std::fprintf(stderr, "[simt] __shared__ variable %s used outside a kernel\n", what);
+    std::abort();
+  }
+  for (auto& [t, off] : r.statics)
+    if (t == tag) return r.mem + off;
+  // the driver's accounting: static variables packed with their alignment
+  const size_t start = (r.static_bytes + align - 1) / align * align;
+  r.static_bytes = start + bytes;
+  if (r.static_bytes > kMaxStaticSmem || r.static_bytes + r.dyn > r.limit) {
+    std::ostringstream o;
+    o << "launch of " << r.name << " fails: static shared memory " << r.static_bytes
+      << " bytes (with " << what << ") + dynamic " << r.dyn << " bytes exceed "
+      << (r.static_bytes > kMaxStaticSmem ? "the static limit 49152"
+          : r.limit == kDefaultSmem       ? "49152 (48 KB; no cudaFuncSetAttribute opt-in)"
+                                          : "the sm_90 maximum of 232448");
+    record_failure(cudaErrorInvalidValue, o.str());
+    yield(St::Exited);
+  }
+  const size_t off = (r.used + 127) / 128 * 128;
+  if (off + bytes + kRedzone > kSmemSpace) std::abort();
+  std::fill(r.state.begin() + static_cast<long>(off),
+            r.state.begin() + static_cast<long>(off + bytes), 1);
+#if SIMT_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(r.mem + off, bytes);
+#endif
+  r.used = off + bytes + kRedzone;
+  r.statics.emplace_back(tag, off);
+  return r.mem + off;
+}
+
+void* shared_dynamic(size_t align) {
+  Runtime& r = rt();
+  if (!r.cur) std::abort();
+  if (align > 128) kernel_fail(where(r.cur) + ": dynamic shared memory aligned beyond 128");
+  return r.mem + kRedzone;
+}
+
+uint32_t shared_address(const void* p) {
+  Runtime& r = rt();
+  const size_t off = offset_of(p);
+  if (!r.cur || off >= r.used) {
+    kernel_fail(where(r.cur) +
+                ": __cvta_generic_to_shared of a pointer that is not in shared memory");
+  }
+  return static_cast<uint32_t>(off);
+}
+
+void shared_read(uint32_t addr, void* dst, size_t bytes) {
+  Runtime& r = rt();
+  check_access(r.cur, addr, bytes, false);
+  if (r.failed) kernel_fail(r.last_failure);
+  std::memcpy(dst, r.mem + addr, bytes);
+}
+void shared_write(uint32_t addr, const void* src, size_t bytes) {
+  Runtime& r = rt();
+  check_access(r.cur, addr, bytes, true);
+  if (r.failed) kernel_fail(r.last_failure);
+  std::memcpy(r.mem + addr, src, bytes);
+}
+
+void syncthreads() {
+  syncthreads_count(0, 0);
+}
+int syncthreads_count(int pred, int op) {
+  Runtime& r = rt();
+  Fiber* f = r.cur;
+  if (!f) std::abort();
+  f->bar_pred = pred;
+  f->bar_op = op;
+  yield(St::Bar);
+  return f->bar_pred;
+}
+void syncwarp(unsigned mask) {
+  warp_wait(Op::SyncWarp, mask);
+}
+uint64_t shfl(unsigned mask, uint64_t v, int bytes, Shfl mode, int arg, int width) {
+  Fiber* f = rt().cur;
+  if (!f) std::abort();
+  std::memcpy(f->in, &v, 8);
+  f->bytes = bytes;
+  f->mode = mode;
+  f->arg = arg;
+  f->width = width;
+  warp_wait(Op::Shfl, mask);
+  uint64_t out;
+  std::memcpy(&out, f->out, 8);
+  return out;
+}
+unsigned vote(unsigned mask, bool pred, int op) {
+  Fiber* f = rt().cur;
+  if (!f) std::abort();
+  f->flag = pred;
+  f->vop = op;
+  warp_wait(Op::Vote, mask);
+  unsigned out;
+  std::memcpy(&out, f->out, 4);
+  return out;
+}
+void ldmatrix(uint32_t (&reg)[4], uint32_t addr, int num, bool trans) {
+  Fiber* f = rt().cur;
+  if (!f) std::abort();
+  std::memcpy(f->in, &addr, 4);
+  f->arg = num;
+  f->flag = trans;
+  warp_wait(Op::Ldm, 0xffffffffu);
+  std::memcpy(reg, f->out, 16);
+}
+void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16) {
+  Fiber* f = rt().cur;
+  if (!f) std::abort();
+  std::memcpy(f->in, a, 16);
+  std::memcpy(f->in + 16, &b0, 4);
+  std::memcpy(f->in + 20, &b1, 4);
+  std::memcpy(f->in + 24, d, 16);
+  f->flag = bf16;
+  warp_wait(Op::Mma, 0xffffffffu);
+  std::memcpy(d, f->out, 16);
+}
+
+namespace {
+void complete_group(Fiber* f, const std::vector<Copy>& g) {
+  Runtime& r = rt();
+  for (const Copy& c : g) {
+    unsigned char buf[16] = {};
+    if (c.sz > 0) std::memcpy(buf, c.src, static_cast<size_t>(c.sz));
+    check_access(f, c.dst, static_cast<size_t>(c.cp), true);
+    if (r.failed) return;
+    std::memcpy(r.mem + c.dst, buf, static_cast<size_t>(c.cp));
+  }
+}
+}  // namespace
+
+void cp_async(uint32_t dst, const void* src, int cp_size, int src_size) {
+  Fiber* f = rt().cur;
+  if (!f) std::abort();
+  if (cp_size != 4 && cp_size != 8 && cp_size != 16) kernel_fail(where(f) + ": cp.async size");
+  if (src_size < 0 || src_size > cp_size) kernel_fail(where(f) + ": cp.async src-size > cp-size");
+  if (dst % static_cast<uint32_t>(cp_size) != 0 ||
+      reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(cp_size) != 0) {
+    kernel_fail(where(f) + ": cp.async addresses not aligned to " + std::to_string(cp_size) +
+                " bytes");
+  }
+  f->uncommitted.push_back(Copy{dst, src, cp_size, src_size});
+}
+void cp_async_commit() {
+  Fiber* f = rt().cur;
+  if (!f) std::abort();
+  f->groups.push_back(std::move(f->uncommitted));
+  f->uncommitted.clear();
+}
+void cp_async_wait(int n) {
+  Runtime& r = rt();
+  Fiber* f = r.cur;
+  if (!f) std::abort();
+  while (static_cast<int>(f->groups.size()) > n) {
+    complete_group(f, f->groups.front());
+    f->groups.pop_front();
+    if (r.failed) kernel_fail(r.last_failure);
+  }
+}
+
+// Memory-access hooks for the kernel code (see the top of this file).
+void on_access(const void* p, size_t n, bool write) {
+  Runtime& r = rt();
+  if (!r.cur || r.failed) return;
+  const size_t off = offset_of(p);
+  if (off >= kSmemSpace) return;  // not shared memory
+  check_access(r.cur, off, n, write);
+  if (r.failed) kernel_fail(r.last_failure);
+}
+
+// ---------------------------------------------------------------- formats
+
+float double_to_float(double x, int mode) {
+  const float f = static_cast<float>(x);  // round to nearest even
+  if (mode == 0 || std::isnan(x) || static_cast<double>(f) == x) return f;
+  if (std::isinf(f)) {  // finite x beyond FLT_MAX
+    const bool pos = x > 0;
+    if (mode == 1) return pos ? FLT_MAX : -FLT_MAX;
+    if (mode == 2) return pos ? f : -FLT_MAX;
+    return pos ? FLT_MAX : f;
+  }
+  const bool above = static_cast<double>(f) > x;
+  if (mode == 1) {  // toward zero
+    if (x > 0 && above) return std::nextafter(f, 0.0f);
+    if (x < 0 && !above) return std::nextafter(f, 0.0f);
+    return f;
+  }
+  if (mode == 2) return above ? f : std::nextafter(f, INFINITY);
+  return above ? std::nextafter(f, -INFINITY) : f;
+}
+
+uint16_t f32_to_bf16_rn(float x) {
+  uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  // NaN: CUDA's canonical bf16 NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+uint16_t f32_to_f16_rn(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7fff;           // NaN: CUDA's canonical fp16 NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 (and Inf) -> Inf
+  if (a >= 0x38800000u) {                       // normal fp16 (>= 2^-14)
+    const uint32_t mant = a & 0x7fffffu;
+    const uint32_t e = (a >> 23) - 127 + 15;
+    uint32_t h = (e << 10) | (mant >> 13);
+    const uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  if (a <= 0x33000000u) return sign;  // <= 2^-25: rounds to (signed) zero
+  const uint64_t m = (a & 0x7fffffu) | 0x800000u;
+  const int s = 126 - static_cast<int>(a >> 23);  // value / 2^-24 = m >> s
+  uint64_t h = m >> s;
+  const uint64_t rem = m & ((uint64_t{1} << s) - 1), half = uint64_t{1} << (s - 1);
+  if (rem > half || (rem == half && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 0x1p-24f;  // exact
+    return sign ? -v : v;
+  }
+  return __uint_as_float(sign | ((e - 15 + 127) << 23) | (m << 13));
+}
+
+}  // namespace simt
+
+// ---------------------------------------------------------------- cuda runtime (host)
+
+cudaError_t cudaGetLastError() {
+  auto& r = simt::rt();
+  const cudaError_t e = r.last_error;
+  if (e != cudaSuccess) r.err_text = r.last_failure;
+  r.last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() {
+  return simt::rt().last_error;
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  auto& r = simt::rt();
+  if (e != cudaSuccess && !r.err_text.empty()) return r.err_text.c_str();
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    default:
+      return "simt emulator error";
+  }
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    default:
+      return "cudaError(simt)";
+  }
+}
+
+// ---------------------------------------------------------------- instrumentation hooks
+// GCC's -fsanitize=thread calls these around every memory access of the kernel sources.
+extern "C" {
+void __tsan_init() {}
+void __tsan_func_entry(void*) {}
+void __tsan_func_exit() {}
+void __tsan_vptr_update(void**, void*) {}
+void __tsan_vptr_read(void**) {}
+#define SIMT_HOOK(n)                        \
+  void __tsan_read##n(void* p) {            \
+    simt::on_access(p, n, false);           \
+  }                                         \
+  void __tsan_write##n(void* p) {           \
+    simt::on_access(p, n, true);            \
+  }                                         \
+  void __tsan_unaligned_read##n(void* p) {  \
+    simt::on_access(p, n, false);           \
+  }                                         \
+  void __tsan_unaligned_write##n(void* p) { \
+    simt::on_access(p, n, true);            \
+  }                                         \
+  void __tsan_volatile_read##n(void* p) {   \
+    simt::on_access(p, n, false);           \
+  }                                         \
+  void __tsan_volatile_write##n(void* p) {  \
+    simt::on_access(p, n, true);            \
+  }
+SIMT_HOOK(1)
+SIMT_HOOK(2)
+SIMT_HOOK(4)
+SIMT_HOOK(8)
+SIMT_HOOK(16)
+#undef SIMT_HOOK
+void __tsan_read_range(void* p, unsigned long n) {
+  simt::on_access(p, n, false);
+}
+void __tsan_write_range(void* p, unsigned long n) {
+  simt::on_access(p, n, true);
+}
+}

@@ -1,0 +1,350 @@
+// SIMT emulator: runs the project's CUDA kernels (cuda/*.cu compiled as host C++) on the CPU,
+// for the tests only (never linked into the product). See tests/simt/README.md.
+//
+// Execution model. A launch runs its blocks one after another (in an order permuted by the
+// schedule seed). Every CUDA thread of a block is a fiber (ucontext) with its own stack;
+// fibers switch only at synchronisation points: __syncthreads (block barrier), the warp
+// collectives (__syncwarp, __shfl_*_sync, __ballot_sync, __any/__all_sync, ldmatrix,
+// mma.sync) and thread exit. Which ready fiber runs next is chosen by a seeded generator,
+// so two seeds give two different legal interleavings; a kernel without races gives the
+// same bits under both.
+//
+// Checks (each one fails the launch: cudaGetLastError() returns an error whose string
+// names the kernel, block, thread and address):
+//  - shared memory: every access of the kernel code is seen (the kernel sources are
+//    compiled with -fsanitize=thread, whose __tsan_read/__tsan_write hooks this runtime
+//    implements instead of libtsan; see simt.cpp), as are the accesses of the emulated
+//    ldmatrix / cp.async. Out-of-bounds (redzones around every shared variable), reads of
+//    bytes no thread of the block wrote, and races: a byte written by one thread and read
+//    or written by another with no __syncthreads (or __syncwarp within one warp) between.
+//  - launch limits as the driver enforces them for sm_90: block size, grid size, dynamic
+//    shared memory over 48 KB without cudaFuncSetAttribute(MaxDynamicSharedMemorySize),
+//    static + dynamic over 227 KB;
+//  - collectives: every lane named in a mask must arrive at the same collective; a thread
+//    that exits while others wait for it, or a barrier nobody can pass, is a deadlock.
+#pragma once
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ------------------------------------------------------------------ CUDA vocabulary
+
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) {
+  return float2{x, y};
+}
+
+typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorNoDevice = 100,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchOutOfResources = 701,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
+};
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
+namespace simt {
+
+// ------------------------------------------------------------------ runtime interface
+
+
+// The thread now running (null outside a launch). Read by threadIdx & co.
+struct ThreadRegs {
+  uint3 thread_idx, block_idx;
+  dim3 block_dim, grid_dim;
+};
+extern ThreadRegs* g_regs;
+
+// Launch `body` (which calls the kernel) on grid x block with `dyn_smem` bytes of dynamic
+// shared memory. `kernel` identifies the function for cudaFuncSetAttribute. Errors are
+// recorded for cudaGetLastError().
+void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t dyn_smem,
+            const std::function<void()>& body);
+
+// Settings of the emulator (tests set them).
+struct Options {
+  uint64_t schedule_seed = 0;  // 0: round-robin in thread order; else seeded random choice
+  bool check_races = true;
+  bool check_uninit = true;
+};
+Options& options();
+
+// Errors: the first failure of the last failing launch, and a count of failed launches.
+const std::string& last_failure();
+uint64_t failures();
+// Launch statistics (for the coverage table): launches and blocks/threads run.
+struct Stats {
+  uint64_t launches = 0, blocks = 0, threads = 0, switches = 0;
+};
+Stats& stats();
+
+// Fails the running launch with `msg` (the kernel stops at this point; nothing after it in
+// this launch runs).
+[[noreturn]] void kernel_fail(const std::string& msg);
+
+// ---- shared memory
+void* shared_static(const void* tag, size_t bytes, size_t align, const char* what);
+void* shared_dynamic(size_t align);
+uint32_t shared_address(const void* p);  // __cvta_generic_to_shared
+// Explicit checked accesses by the running thread (ldmatrix/cp.async use these).
+void shared_read(uint32_t addr, void* dst, size_t bytes);
+void shared_write(uint32_t addr, const void* src, size_t bytes);
+
+// ---- barriers and warp collectives (all return once every participant has arrived)
+void syncthreads();
+int syncthreads_count(int pred, int op);  // op 0: count, 1: and, 2: or
+void syncwarp(unsigned mask);
+enum class Shfl { Idx, Up, Down, Xor };
+uint64_t shfl(unsigned mask, uint64_t v, int bytes, Shfl mode, int arg, int width);
+unsigned vote(unsigned mask, bool pred, int op);  // op 0: ballot, 1: any, 2: all
+// Tensor-core / ldmatrix collectives (ptx.h): the runtime gathers every lane's operands.
+void ldmatrix(uint32_t (&r)[4], uint32_t addr, int num, bool trans);
+void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16);
+// cp.async: issue (copied at completion), commit, wait.
+void cp_async(uint32_t dst, const void* src, int cp_size, int src_size);
+void cp_async_commit();
+void cp_async_wait(int n);
+
+// ---- host side of the CUDA runtime
+void set_max_dynamic_smem(const void* kernel, int bytes);
+
+}  // namespace simt
+
+// ------------------------------------------------------------------ device built-ins
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+
+#define threadIdx (::simt::g_regs->thread_idx)
+#define blockIdx (::simt::g_regs->block_idx)
+#define blockDim (::simt::g_regs->block_dim)
+#define gridDim (::simt::g_regs->grid_dim)
+
+inline void __syncthreads() {
+  ::simt::syncthreads();
+}
+inline int __syncthreads_or(int p) {
+  return ::simt::syncthreads_count(p, 2);
+}
+inline int __syncthreads_and(int p) {
+  return ::simt::syncthreads_count(p, 1);
+}
+inline int __syncthreads_count(int p) {
+  return ::simt::syncthreads_count(p, 0);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::simt::syncwarp(mask);
+}
+
+namespace simt {
+template <class T>
+T shfl_t(unsigned mask, T v, Shfl mode, int arg, int width) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shfl of up to 8 bytes");
+  uint64_t u = 0;
+  std::memcpy(&u, &v, sizeof(T));
+  u = shfl(mask, u, static_cast<int>(sizeof(T)), mode, arg, width);
+  T r;
+  std::memcpy(&r, &u, sizeof(T));
+  return r;
+}
+}  // namespace simt
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  return ::simt::shfl_t(mask, v, ::simt::Shfl::Idx, src, width);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  return ::simt::shfl_t(mask, v, ::simt::Shfl::Up, static_cast<int>(d), width);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  return ::simt::shfl_t(mask, v, ::simt::Shfl::Down, static_cast<int>(d), width);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
+  return ::simt::shfl_t(mask, v, ::simt::Shfl::Xor, m, width);
+}
+inline unsigned __ballot_sync(unsigned mask, int p) {
+  return ::simt::vote(mask, p != 0, 0);
+}
+inline int __any_sync(unsigned mask, int p) {
+  return static_cast<int>(::simt::vote(mask, p != 0, 1));
+}
+inline int __all_sync(unsigned mask, int p) {
+  return static_cast<int>(::simt::vote(mask, p != 0, 2));
+}
+inline size_t __cvta_generic_to_shared(const void* p) {
+  return ::simt::shared_address(p);
+}
+
+// Static and dynamic shared memory (cuda/launch.cuh's ST_SHARED / ST_SHARED_DYNAMIC).
+namespace simt {
+template <class A>
+A& shared_array(const void* tag, const char* name) {
+  return *static_cast<A*>(shared_static(tag, sizeof(A), alignof(A), name));
+}
+}  // namespace simt
+
+// ---- FP32/FP64 intrinsics: IEEE operations with the stated rounding. The kernel sources
+// are compiled with -ffp-contract=off (no FMA contraction), as nvcc --fmad=false.
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+  return a - b;
+}
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
+inline float __fdiv_rn(float a, float b) {
+  return a / b;
+}
+inline float __fmaf_rn(float a, float b, float c) {
+  return std::fma(a, b, c);
+}
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t __float_as_uint(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+namespace simt {
+float double_to_float(double x, int mode);  // 0: rn, 1: rz, 2: ru, 3: rd
+}
+inline float __double2float_rn(double x) {
+  return ::simt::double_to_float(x, 0);
+}
+inline float __double2float_rz(double x) {
+  return ::simt::double_to_float(x, 1);
+}
+inline float __double2float_ru(double x) {
+  return ::simt::double_to_float(x, 2);
+}
+inline float __double2float_rd(double x) {
+  return ::simt::double_to_float(x, 3);
+}
+using std::fmaxf;
+using std::fminf;
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+template <class A, class B>
+inline auto min(A a, B b) -> std::common_type_t<A, B> {
+  return b < a ? b : a;
+}
+template <class A, class B>
+inline auto max(A a, B b) -> std::common_type_t<A, B> {
+  return a < b ? b : a;
+}
+
+// ---- 16-bit formats (cuda_bf16.h / cuda_fp16.h): storage structs and the conversions the
+// kernels use, implemented here from the IEEE definitions (not from core/dtype.h, so the
+// tests comparing the two are independent).
+struct __nv_bfloat16 {
+  unsigned short __x;
+};
+struct __half {
+  unsigned short __x;
+};
+struct alignas(4) __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+struct alignas(4) __half2 {
+  __half x, y;
+};
+namespace simt {
+uint16_t f32_to_bf16_rn(float x);
+uint16_t f32_to_f16_rn(float x);
+float f16_to_f32(uint16_t h);
+}  // namespace simt
+inline __nv_bfloat16 __float2bfloat16_rn(float x) {
+  return __nv_bfloat16{::simt::f32_to_bf16_rn(x)};
+}
+inline __nv_bfloat16 __float2bfloat16(float x) {
+  return __float2bfloat16_rn(x);
+}
+inline float __bfloat162float(__nv_bfloat16 h) {
+  return __uint_as_float(static_cast<uint32_t>(h.__x) << 16);
+}
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) {
+  return h.__x;
+}
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
+  return __nv_bfloat16{u};
+}
+inline __half __float2half_rn(float x) {
+  return __half{::simt::f32_to_f16_rn(x)};
+}
+inline __half __float2half(float x) {
+  return __float2half_rn(x);
+}
+inline float __half2float(__half h) {
+  return ::simt::f16_to_f32(h.__x);
+}
+inline unsigned short __half_as_ushort(__half h) {
+  return h.__x;
+}
+inline __half __ushort_as_half(unsigned short u) {
+  return __half{u};
+}
+inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
+  return __nv_bfloat162{__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
+}
+inline __half2 __floats2half2_rn(float lo, float hi) {
+  return __half2{__float2half_rn(lo), __float2half_rn(hi)};
+}
+inline float2 __half22float2(__half2 h) {
+  return float2{__half2float(h.x), __half2float(h.y)};
+}
+inline float2 __bfloat1622float2(__nv_bfloat162 h) {
+  return float2{__bfloat162float(h.x), __bfloat162float(h.y)};
+}
+
+// ------------------------------------------------------------------ host runtime API
+
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t e);
+const char* cudaGetErrorName(cudaError_t e);
+template <class F>
+cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+  if (value < 0 || value > 227 * 1024) return cudaErrorInvalidValue;
+  ::simt::set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), value);
+  return cudaSuccess;
+}

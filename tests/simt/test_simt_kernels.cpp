@@ -1,0 +1,589 @@
+// The CUDA backend's kernels (cuda/*.cu, compiled as host C++) run by the SIMT emulator
+// through their own host launchers (cuda/kernels.h, cuda/attention_softmax.h), on host
+// buffers, against the CPU backend (core/cpu_backend.cpp) on the same inputs. Label emu.
+//
+// Inputs are random, non-zero and already representable in the compute format; outputs
+// the kernels overwrite start as poison (0xA5 bytes) so unwritten elements show. Each case
+// runs under two schedules (seeds 1 and 2: other thread interleavings and block orders),
+// which must give identical bits, and must pass the emulator's shared-memory checks.
+// Tolerances: "exact" where the kernel does the CPU's operations in the CPU's order;
+// otherwise a bound in ulps of the output format plus a floor relative to the largest
+// reference value, with the reason beside each (the same reasons as tests/test_gpu_kernels).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "cuda/attention_softmax.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/kernels.h"
+#include "simt/simt.h"
+
+namespace st {
+namespace {
+
+const DType kFmts[] = {DType::F32, DType::BF16, DType::F16};
+
+// A device buffer of n elements of storage dtype `s` (host memory under the emulator).
+struct Buf {
+  DType dtype = DType::F32;
+  std::vector<unsigned char> bytes;
+  Buf() = default;
+  Buf(DType s, size_t n) : dtype(s), bytes(n * dtype_size(s), 0xA5) {}
+  void* p() { return bytes.data(); }
+  float* f() { return reinterpret_cast<float*>(bytes.data()); }
+  size_t n() const { return bytes.size() / dtype_size(dtype); }
+  float get(size_t i) const {
+    uint16_t h;
+    switch (dtype) {
+      case DType::BF16:
+        std::memcpy(&h, &bytes[2 * i], 2);
+        return bf16_bits_to_float(h);
+      case DType::F16:
+        std::memcpy(&h, &bytes[2 * i], 2);
+        return fp16_bits_to_float(h);
+      default: {
+        float v;
+        std::memcpy(&v, &bytes[4 * i], 4);
+        return v;
+      }
+    }
+  }
+  void set(size_t i, float v) {
+    uint16_t h;
+    switch (dtype) {
+      case DType::BF16:
+        h = float_to_bf16_bits(v);
+        std::memcpy(&bytes[2 * i], &h, 2);
+        break;
+      case DType::F16:
+        h = float_to_fp16_bits(v);
+        std::memcpy(&bytes[2 * i], &h, 2);
+        break;
+      default:
+        std::memcpy(&bytes[4 * i], &v, 4);
+    }
+  }
+};
+
+// Random values scale * N(0,1) + shift, rounded to fmt, never zero.
+std::vector<float> randv(size_t n, DType fmt, uint64_t seed, double scale = 1.0,
+                         double shift = 0.0) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    do {
+      x = round_to(fmt, static_cast<float>(scale * r.normal() + shift));
+    } while (x == 0.0f);
+  }
+  return v;
+}
+Tensor host(const std::vector<float>& v, const Shape& s) {
+  Tensor t = Tensor::empty(s, DType::F32);
+  std::memcpy(t.raw(), v.data(), v.size() * 4);
+  return t;
+}
+Buf dev(const std::vector<float>& v, DType s) {
+  Buf b(s, v.size());
+  for (size_t i = 0; i < v.size(); ++i) b.set(i, v[i]);
+  return b;
+}
+DType storage(DType fmt) {
+  return fmt;
+}
+
+double ulp(DType fmt, double x) {
+  const int mant = fmt == DType::BF16 ? 8 : fmt == DType::F16 ? 11 : 24;
+  const double min_normal = fmt == DType::BF16 ? 0x1p-126 : fmt == DType::F16 ? 0x1p-14 : 0x1p-126;
+  const double ax = std::max(std::fabs(x), min_normal);
+  int e;
+  std::frexp(ax, &e);
+  return std::ldexp(1.0, e - mant);
+}
+
+struct Tol {
+  bool exact;
+  double ulps, floor;
+};
+constexpr Tol kExact{true, 0, 0};
+
+// Compares got (device) with want (CPU) element by element; returns the max error in ulps.
+double compare(const char* what, const Buf& got, const std::vector<float>& want, DType fmt,
+               Tol tol) {
+  EXPECT_EQ(got.n(), want.size()) << what;
+  double maxref = 0, worst = 0;
+  for (float w : want) maxref = std::max(maxref, static_cast<double>(std::fabs(w)));
+  int shown = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float g = got.get(i), w = want[i];
+    const double d = std::fabs(static_cast<double>(g) - w);
+    const double u = ulp(fmt, w);
+    const bool ok = tol.exact ? (std::memcmp(&g, &w, 4) == 0 || (std::isnan(g) && std::isnan(w)))
+                              : (d <= tol.ulps * u + tol.floor * maxref);
+    if (!ok && shown++ < 5) {
+      ADD_FAILURE() << what << " [" << i << "]: emulated " << g << ", CPU " << w << ", off by "
+                    << d / u << " ulp (allowed " << (tol.exact ? 0.0 : tol.ulps) << " + "
+                    << tol.floor << " * " << maxref << ")";
+    }
+    if (std::isfinite(d)) worst = std::max(worst, d / u);
+  }
+  std::printf("  %-40s %s  max %.2f ulp\n", what, dtype_name(fmt), worst);
+  return worst;
+}
+std::vector<float> values(const Tensor& t) {
+  const float* p = static_cast<const float*>(t.raw());
+  return std::vector<float>(p, p + t.numel());
+}
+
+// Runs `launch_all` (which fills and launches on fresh buffers and returns the outputs)
+// under two schedules; the outputs must be bit-identical and every launch must succeed.
+std::vector<Buf> two_schedules(const std::function<std::vector<Buf>()>& launch_all) {
+  std::vector<Buf> first;
+  for (uint64_t seed : {1, 2}) {
+    simt::options().schedule_seed = seed;
+    const uint64_t fails = simt::failures();
+    std::vector<Buf> out;
+    try {
+      out = launch_all();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "seed " << seed << ": " << e.what();
+    }
+    simt::options().schedule_seed = 0;
+    EXPECT_EQ(simt::failures(), fails) << simt::last_failure();
+    if (seed == 1) {
+      first = out;
+    } else {
+      EXPECT_EQ(out.size(), first.size());
+      for (size_t i = 0; i < std::min(out.size(), first.size()); ++i)
+        EXPECT_TRUE(out[i].bytes == first[i].bytes) << "output " << i << " differs between schedules";
+    }
+  }
+  return first;
+}
+
+class SimtKernels : public ::testing::TestWithParam<DType> {
+ protected:
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend(1);
+};
+
+// ---------------------------------------------------------------- encoder
+
+TEST_P(SimtKernels, Encoder) {
+  const DType f = GetParam();
+  const int B = 3, T = 37, C = 100, V = 67;  // odd sizes: the scalar paths and tails
+  auto wte = randv(size_t{V} * C, f, 1, 0.1), wpe = randv(size_t{T} * C, f, 2, 0.02);
+  Tensor tok = Tensor::empty({B, T}, DType::I32);
+  int32_t* tk = static_cast<int32_t*>(tok.raw());
+  for (int i = 0; i < B * T; ++i) tk[i] = (i * 7919) % 11 == 0 ? 5 : (i * 31) % V;  // repeats
+  Tensor out = Tensor::empty({B, T, C}, DType::F32);
+  cpu_->encoder_forward(out, tok, host(wte, {V, C}), host(wpe, {T, C}), f);
+  auto got = two_schedules([&] {
+    Buf o(f, size_t{B} * T * C), a = dev(wte, f), b = dev(wpe, f);
+    cudak::encoder_forward(o.p(), tk, a.p(), b.p(), B, T, C, f, nullptr);
+    return std::vector<Buf>{o};
+  });
+  compare("encoder_forward out", got[0], values(out), f, kExact);
+
+  // backward: the host prepares the token groups as CudaBackend::encoder_backward does
+  auto dwte0 = randv(size_t{V} * C, f, 3, 0.01), dwpe0 = randv(size_t{T} * C, f, 4, 0.01);
+  auto dout = randv(size_t{B} * T * C, f, 5, 0.1);
+  Tensor dwte = host(dwte0, {V, C}), dwpe = host(dwpe0, {T, C});
+  cpu_->encoder_backward(dwte, dwpe, host(dout, {B, T, C}), tok, f);
+  std::vector<int32_t> order(B * T), starts, rows;
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tk[a] < tk[b]; });
+  for (int i = 0; i < B * T; ++i) {
+    if (i == 0 || tk[order[i]] != tk[order[i - 1]]) {
+      starts.push_back(i);
+      rows.push_back(tk[order[i]]);
+    }
+  }
+  starts.push_back(B * T);
+  auto g2 = two_schedules([&] {
+    Buf a = dev(dwte0, f), b = dev(dwpe0, f), d = dev(dout, f);
+    cudak::encoder_backward(a.p(), b.p(), d.p(), order.data(), starts.data(), rows.data(),
+                            static_cast<int>(rows.size()), B, T, C, f, nullptr);
+    return std::vector<Buf>{a, b};
+  });
+  // The same sums in the same order as the CPU: exact.
+  compare("encoder_backward dwte", g2[0], values(dwte), f, kExact);
+  compare("encoder_backward dwpe", g2[1], values(dwpe), f, kExact);
+}
+
+// ---------------------------------------------------------------- layernorm
+
+TEST_P(SimtKernels, Layernorm) {
+  const DType f = GetParam();
+  for (const auto& [N, C] : std::vector<std::pair<int, int>>{{67, 100}, {5, 768}}) {
+    auto x = randv(size_t{N} * C, f, 10, 1.0, 0.3), w = randv(C, f, 11, 0.1, 1.0),
+         b = randv(C, f, 12, 0.1);
+    Tensor out = Tensor::empty({N, C}, DType::F32), mean = Tensor::empty({N}, DType::F32),
+           rstd = Tensor::empty({N}, DType::F32);
+    cpu_->layernorm_forward(out, mean, rstd, host(x, {N, C}), host(w, {C}), host(b, {C}), f);
+    auto got = two_schedules([&] {
+      Buf o(f, size_t{N} * C), m(DType::F32, N), r(DType::F32, N), xd = dev(x, f), wd = dev(w, f),
+          bd = dev(b, f);
+      cudak::layernorm_forward(o.p(), m.f(), r.f(), xd.p(), wd.p(), bd.p(), N, C, f, nullptr);
+      return std::vector<Buf>{o, m, r};
+    });
+    // Row sums in another order (lane-strided + butterfly vs the CPU's loop): FP32
+    // reassociation; out may round to the neighbouring bf16/fp16 value (1 ulp), the floor
+    // absorbs x - mean cancelling; rstd: ~sqrt(C) 2^-24 relative (32 FP32 ulps).
+    compare("layernorm_forward out", got[0], values(out), f, Tol{false, f == DType::F32 ? 8.0 : 1.0, 4e-6});
+    compare("layernorm_forward mean", got[1], values(mean), DType::F32, Tol{false, 8, 1e-5});
+    compare("layernorm_forward rstd", got[2], values(rstd), DType::F32, Tol{false, 32, 0});
+
+    auto dout = randv(size_t{N} * C, f, 13, 0.1), dx0 = randv(size_t{N} * C, f, 14, 0.1),
+         dw0 = randv(C, f, 15, 0.1), db0 = randv(C, f, 16, 0.1);
+    Tensor dx = host(dx0, {N, C}), dw = host(dw0, {C}), db = host(db0, {C});
+    cpu_->layernorm_backward(dx, dw, db, host(dout, {N, C}), host(x, {N, C}), host(w, {C}), mean,
+                             rstd, f);
+    auto g2 = two_schedules([&] {
+      Buf a = dev(dx0, f), bw = dev(dw0, f), bb = dev(db0, f), d = dev(dout, f), xd = dev(x, f),
+          wd = dev(w, f), m = dev(values(mean), DType::F32), r = dev(values(rstd), DType::F32);
+      Buf scratch(DType::F32, cudak::layernorm_backward_scratch(N, C));
+      cudak::layernorm_backward(a.p(), bw.p(), bb.p(), d.p(), xd.p(), wd.p(), m.f(), r.f(), N, C, f,
+                                scratch.f(), nullptr);
+      return std::vector<Buf>{a, bw, bb};
+    });
+    // dinp: the row sums reassociated and cancelling (floor 2e-6 of the largest gradient);
+    // dweight/dbias: column sums in chunks of 64 rows (the CPU's order when N <= 64).
+    const double u = f == DType::F32 ? 16.0 : 1.0;
+    compare("layernorm_backward dinp", g2[0], values(dx), f, Tol{false, u, 2e-6});
+    compare("layernorm_backward dweight", g2[1], values(dw), f, Tol{false, u, 1e-5});
+    compare("layernorm_backward dbias", g2[2], values(db), f, Tol{false, u, 1e-5});
+  }
+}
+
+// ---------------------------------------------------------------- elementwise
+
+TEST_P(SimtKernels, Elementwise) {
+  const DType f = GetParam();
+  for (size_t n : {size_t{1001}, size_t{4096}}) {  // odd: scalar path; 4096: 128-bit path
+    auto x = randv(n, f, 20, 2.0), y = randv(n, f, 21), d = randv(n, f, 22);
+    Tensor go = Tensor::empty({static_cast<int64_t>(n)}, DType::F32);
+    Tensor gb = Tensor::empty({static_cast<int64_t>(n)}, DType::F32);
+    Tensor ro = Tensor::empty({static_cast<int64_t>(n)}, DType::F32);
+    const Shape s{static_cast<int64_t>(n)};
+    cpu_->gelu_forward(go, host(x, s), f);
+    cpu_->gelu_backward(gb, host(x, s), host(d, s), f);
+    cpu_->residual_forward(ro, host(x, s), host(y, s), f);
+    auto got = two_schedules([&] {
+      Buf a(f, n), b(f, n), c(f, n), xd = dev(x, f), yd = dev(y, f), dd = dev(d, f);
+      cudak::gelu_forward(a.p(), xd.p(), n, f, nullptr);
+      cudak::gelu_backward(b.p(), xd.p(), dd.p(), n, f, nullptr);
+      cudak::residual_forward(c.p(), xd.p(), yd.p(), n, f, nullptr);
+      cudak::gelu_backward(dd.p(), xd.p(), dd.p(), n, f, nullptr);  // in place (dinp = dout)
+      return std::vector<Buf>{a, b, c, dd};
+    });
+    // GELU: the CPU's formula operation for operation, with the host's tanhf on both sides
+    // under the emulator: exact. (On a GPU, CUDA's tanhf may differ in the last FP32 bit: the
+    // gpu tests allow 1 ulp there.)
+    compare("gelu_forward", got[0], values(go), f, kExact);
+    compare("gelu_backward", got[1], values(gb), f, kExact);
+    compare("gelu_backward in place", got[3], values(gb), f, kExact);
+    compare("residual_forward (one add, one rounding)", got[2], values(ro), f, kExact);
+  }
+  if (f != DType::F32) {  // round_inplace: FP32 storage rounded to fmt, as core/dtype.h
+    auto x = randv(999, DType::F32, 23, 3.0);
+    x[0] = 65520.0f, x[1] = 1e-40f, x[2] = NAN, x[3] = 0x1.0101p0f;  // overflow, subnormal, NaN, tie
+    auto got = two_schedules([&] {
+      Buf a = dev(x, DType::F32);
+      cudak::round_inplace(a.f(), x.size(), f, nullptr);
+      return std::vector<Buf>{a};
+    });
+    std::vector<float> want(x);
+    round_inplace(f, want.data(), want.size());
+    compare("round_inplace", got[0], want, DType::F32, kExact);
+  }
+}
+
+// ---------------------------------------------------------------- conversions
+
+TEST(SimtConvert, F32ToAndFrom16BitMatchesCoreDtype) {
+  // Every bf16/fp16 pattern back to FP32, and FP32 patterns around every 16-bit rounding
+  // boundary (ties, sticky bits, overflow, subnormals, NaN) to 16 bits: core/dtype.h (the CPU)
+  // and the kernels under the emulator's independent __float2bfloat16_rn/__float2half_rn.
+  std::vector<float> x;
+  for (uint32_t hi = 0; hi < 65536; hi += 3) {
+    for (uint32_t lo : {0x0000u, 0x0fffu, 0x1000u, 0x1001u, 0x7fffu, 0x8000u, 0x8001u, 0xe000u}) {
+      uint32_t u = (hi << 16) | lo;
+      float v;
+      std::memcpy(&v, &u, 4);
+      x.push_back(v);
+    }
+  }
+  for (DType h : {DType::BF16, DType::F16}) {
+    const size_t n = x.size();
+    std::vector<uint16_t> want(n), back_want(65536);
+    if (h == DType::BF16) convert_f32_to_bf16(x.data(), want.data(), n);
+    else convert_f32_to_fp16(x.data(), want.data(), n);
+    std::vector<uint16_t> all(65536);
+    std::iota(all.begin(), all.end(), 0);
+    std::vector<float> back(65536);
+    if (h == DType::BF16) convert_bf16_to_f32(all.data(), back.data(), 65536);
+    else convert_fp16_to_f32(all.data(), back.data(), 65536);
+    std::vector<uint16_t> got(n);
+    std::vector<float> gback(65536);
+    cuda_convert(got.data(), h, x.data(), DType::F32, n, nullptr);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess) << simt::last_failure();
+    cuda_convert(gback.data(), DType::F32, all.data(), h, 65536, nullptr);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess) << simt::last_failure();
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += got[i] != want[i];
+    EXPECT_EQ(bad, 0u) << dtype_name(h) << ": fp32 -> 16-bit patterns differing";
+    EXPECT_EQ(std::memcmp(gback.data(), back.data(), 65536 * 4), 0) << dtype_name(h) << " -> fp32";
+  }
+}
+
+// ---------------------------------------------------------------- classifier
+
+TEST_P(SimtKernels, Crossentropy) {
+  const DType f = GetParam();
+  const int N = 7, V = 997, Vp = 1001;
+  const float dloss = (f == DType::F16 ? 1024.0f : 1.0f) / N;
+  auto logits = randv(size_t{N} * Vp, f, 30, 2.0);
+  Tensor tg = Tensor::empty({N}, DType::I32);
+  int32_t* t = static_cast<int32_t*>(tg.raw());
+  for (int i = 0; i < N; ++i) t[i] = (i * 131) % V;
+  Tensor losses = Tensor::empty({N}, DType::F32), dl = Tensor::empty({N, Vp}, DType::F32);
+  cpu_->crossentropy_forward_backward(losses, dl, host(logits, {N, Vp}), tg, V, dloss, f);
+  auto got = two_schedules([&] {
+    Buf l(DType::F32, N), d(f, size_t{N} * Vp), x = dev(logits, f), l2(DType::F32, N);
+    cudak::crossentropy(l.f(), d.p(), x.p(), t, N, V, Vp, dloss, f, nullptr);
+    cudak::crossentropy(l2.f(), x.p(), x.p(), t, N, V, Vp, dloss, f, nullptr);  // in place
+    return std::vector<Buf>{l, d, x, l2};
+  });
+  // The softmax sum in a block tree vs the CPU's sequential loop: losses 16 FP32 ulps plus
+  // 4e-6 of the largest; dlogits 1 bf16/fp16 ulp (16 in FP32) plus 1e-6 of the largest.
+  compare("crossentropy losses", got[0], values(losses), DType::F32, Tol{false, 16, 4e-6});
+  compare("crossentropy dlogits", got[1], values(dl), f, Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-6});
+  compare("crossentropy dlogits in place", got[2], values(dl), f,
+          Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-6});
+  EXPECT_TRUE(got[3].bytes == got[0].bytes) << "in-place losses differ";
+}
+
+// ---------------------------------------------------------------- reductions
+
+TEST_P(SimtKernels, Reductions) {
+  const DType f = GetParam();
+  // column sums (dbias): N <= 64 is exactly the CPU's row order; N = 200: chunks of 64
+  for (int N : {37, 200}) {
+    const int OC = 300;
+    auto dout = randv(size_t{N} * OC, f, 40, 0.1), db0 = randv(OC, f, 41, 0.1);
+    std::vector<float> want(OC);
+    for (int j = 0; j < OC; ++j) {
+      float s = 0;
+      for (int i = 0; i < N; ++i) s += dout[size_t{i} * OC + j];
+      want[j] = round_to(f, db0[j] + s);
+    }
+    auto got = two_schedules([&] {
+      Buf db = dev(db0, f), d = dev(dout, f), scratch(DType::F32, cudak::colsum_scratch(N, OC));
+      cudak::colsum_accumulate(db.p(), d.p(), N, OC, f, scratch.f(), nullptr);
+      return std::vector<Buf>{db};
+    });
+    compare(N <= cudak::kColChunk ? "colsum (row order: exact)" : "colsum (chunks of 64)", got[0],
+            want, f, N <= cudak::kColChunk ? kExact : Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-5});
+  }
+  // sum of squares: FP64, chunks of 64K as the CPU, another order inside: relative 2 n 2^-53
+  const size_t n = (size_t{1} << 17) + 12345;
+  auto x = randv(n, f, 42);
+  const double want = cpu_->sum_squares(host(x, {static_cast<int64_t>(n)}));
+  double got = 0;
+  two_schedules([&] {
+    Buf xd = dev(x, f), res(DType::F64, 1), scratch(DType::F64, cudak::sum_squares_scratch(n));
+    cudak::sum_squares(reinterpret_cast<double*>(res.p()), xd.p(), n, f,
+                       reinterpret_cast<double*>(scratch.p()), nullptr);
+    std::memcpy(&got, res.p(), 8);
+    return std::vector<Buf>{res};
+  });
+  EXPECT_NEAR(got, want, want * 2.0 * static_cast<double>(n) * 0x1p-53);
+  // non-finite flag
+  for (int plant : {-1, 0, 777}) {
+    std::vector<float> y = randv(1000, f, 43);
+    if (plant >= 0) y[plant] = plant == 0 ? INFINITY : NAN;
+    const bool finite = cpu_->all_finite(host(y, {1000}));
+    Buf yd = dev(y, f), flag(DType::I32, 1);
+    std::memset(flag.p(), 0, 4);
+    cudak::any_nonfinite(reinterpret_cast<int*>(flag.p()), yd.p(), y.size(), f, nullptr);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess) << simt::last_failure();
+    int fl;
+    std::memcpy(&fl, flag.p(), 4);
+    EXPECT_EQ(fl != 0, !finite) << "planted at " << plant;
+  }
+}
+
+// ---------------------------------------------------------------- AdamW
+
+TEST_P(SimtKernels, AdamW) {
+  const DType f = GetParam();
+  const size_t n = 1003;
+  auto master0 = randv(n, DType::F32, 50, 0.1), grad = randv(n, f, 51, 0.01),
+       m0 = randv(n, DType::F32, 52, 0.001), v0 = randv(n, DType::F32, 53, 0.001);
+  for (auto& v : v0) v = v * v;
+  AdamWArgs a;
+  a.lr = 1e-3f, a.weight_decay = 0.1f, a.step = 7, a.grad_scale = 0.5f;
+  const Shape s{static_cast<int64_t>(n)};
+  Tensor master = host(master0, s), m = host(m0, s), v = host(v0, s),
+         param = Tensor::empty(s, DType::F32);
+  cpu_->adamw_update(master, param, host(grad, s), m, v, a, f);
+  const auto sc = cudak::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step,
+                                       a.grad_scale);
+  auto got = two_schedules([&] {
+    Buf md = dev(master0, DType::F32), p(f, n), g = dev(grad, f), mm = dev(m0, DType::F32),
+        vv = dev(v0, DType::F32);
+    cudak::adamw(md.f(), p.p(), g.p(), mm.f(), vv.f(), n, sc, f, false, 0, 0, 0, nullptr);
+    return std::vector<Buf>{md, p, mm, vv};
+  });
+  // The CPU's operations in the CPU's order with the scalars computed as the CPU does: exact.
+  compare("adamw master", got[0], values(master), DType::F32, kExact);
+  compare("adamw param", got[1], values(param), f, kExact);
+  compare("adamw m", got[2], values(m), DType::F32, kExact);
+  compare("adamw v", got[3], values(v), DType::F32, kExact);
+}
+
+// ---------------------------------------------------------------- baseline attention rows
+
+// FP64 reference of the softmax row kernel's documented arithmetic (attention_baseline.cu):
+// e_s = fl32(exp(S_s - max)), sum in FP32 (the kernel's order differs: tolerance), P =
+// round_f(e / sum) from the exact quotient, lse = fl32(max + log(sum)).
+void softmax_ref(const std::vector<float>& S, int rows, int T, int ld, bool causal, DType f,
+                 std::vector<float>& P, std::vector<float>& lse) {
+  P.assign(S.size(), 0.0f);
+  lse.assign(rows, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    const int t = r % T, n = causal ? t + 1 : T;
+    const float* x = &S[size_t{static_cast<size_t>(r)} * ld];
+    float mx = -INFINITY;
+    for (int s = 0; s < n; ++s) mx = std::max(mx, x[s]);
+    float sum = 0;
+    std::vector<float> e(n);
+    for (int s = 0; s < n; ++s) {
+      e[s] = static_cast<float>(std::exp(static_cast<double>(x[s]) - mx));
+      sum += e[s];
+    }
+    for (int s = 0; s < ld; ++s)
+      P[size_t{static_cast<size_t>(r)} * ld + s] =
+          s < n ? round_to(f, static_cast<float>(e[s] / static_cast<double>(sum))) : (s < T ? 0.0f : x[s]);
+    lse[r] = static_cast<float>(mx + std::log(static_cast<double>(sum)));
+  }
+}
+
+void run_softmax(DType f, int BH, int T, bool causal, std::vector<Buf>* out) {
+  const int ld = (T + 7) / 8 * 8, rows = BH * T;
+  auto S = randv(size_t{static_cast<size_t>(rows)} * ld, f, 60 + T, 2.0);
+  std::vector<float> P, lse;
+  softmax_ref(S, rows, T, ld, causal, f, P, lse);
+  auto got = two_schedules([&] {
+    Buf sp = dev(S, f), l(DType::F32, rows);
+    cudak::softmax_forward(sp.p(), l.f(), rows, T, ld, causal, cudak::SoftmaxRowStats{}, 1e-3, f,
+                           nullptr);
+    return std::vector<Buf>{sp, l};
+  });
+  // P: one rounding from the exact quotient, but the FP32 row sum's order differs from the
+  // reference's (block tree vs sequential): 1 ulp of f (FP32: 8 ulps); lse: 8 FP32 ulps.
+  compare("softmax_forward P", got[0], P, f, Tol{false, f == DType::F32 ? 8.0 : 1.0, 0});
+  compare("softmax_forward lse", got[1], lse, DType::F32, Tol{false, 8, 0});
+  if (out) *out = got;
+}
+
+TEST_P(SimtKernels, SoftmaxRowsAndHeadPermutes) {
+  const DType f = GetParam();
+  for (bool causal : {true, false}) {
+    std::vector<Buf> cached, uncached;
+    run_softmax(f, 3, 37, causal, &cached);
+    setenv("STABLETRAIN_ATTN_NO_ROW_CACHE", "1", 1);
+    run_softmax(f, 3, 37, causal, &uncached);
+    unsetenv("STABLETRAIN_ATTN_NO_ROW_CACHE");
+    ASSERT_EQ(cached.size(), 2u);
+    ASSERT_EQ(uncached.size(), 2u);
+    EXPECT_TRUE(cached[0].bytes == uncached[0].bytes) << "cached and uncached P differ";
+    EXPECT_TRUE(cached[1].bytes == uncached[1].bytes) << "cached and uncached lse differ";
+
+    // backward rows: dS = round(P (dP - delta)), delta = FP32 sum of dP P (order differs)
+    const int BH = 2, T = 29, ld = 32, rows = BH * T;
+    auto dP = randv(size_t{rows} * ld, f, 70, 0.5);
+    std::vector<float> Pv(size_t{rows} * ld, 0.0f);
+    auto pr = randv(size_t{rows} * ld, f, 71, 0.1);
+    for (int r = 0; r < rows; ++r)
+      for (int s = 0; s < (causal ? r % T + 1 : T); ++s) Pv[size_t{r} * ld + s] = std::fabs(pr[size_t{r} * ld + s]);
+    std::vector<float> dS(dP);
+    for (int r = 0; r < rows; ++r) {
+      const int n = causal ? r % T + 1 : T;
+      float delta = 0;
+      for (int s = 0; s < n; ++s) delta = std::fma(dP[size_t{r} * ld + s], Pv[size_t{r} * ld + s], delta);
+      for (int s = 0; s < T; ++s) {
+        const size_t i = size_t{r} * ld + s;
+        dS[i] = s < n ? round_to(f, static_cast<float>(static_cast<double>(Pv[i]) *
+                                                       (static_cast<double>(dP[i]) - delta)))
+                      : 0.0f;
+      }
+    }
+    auto got = two_schedules([&] {
+      Buf d = dev(dP, f), p = dev(Pv, f);
+      cudak::softmax_backward(d.p(), p.p(), rows, T, ld, causal, f, nullptr);
+      return std::vector<Buf>{d};
+    });
+    // delta's FP32 order differs (reassociation) and dP - delta may cancel: 1 ulp of f plus
+    // 1e-6 of the largest |dS| (FP32: 16 ulps).
+    compare("softmax_backward dS", got[0], dS, f, Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-6});
+  }
+  // head permutes: exact copies
+  const int B = 2, T = 9, NH = 3, hs = 5, ld = 8, C = NH * hs, stride = 3 * C;
+  auto packed = randv(size_t{B} * T * stride, f, 80);
+  auto got = two_schedules([&] {
+    Buf heads(f, size_t{B} * NH * T * ld), src = dev(packed, f), back = dev(packed, f);
+    std::memset(heads.p(), 0, heads.bytes.size());
+    cudak::attn_split_heads(heads.p(), src.p(), B, T, NH, hs, ld, stride, C, f, nullptr);
+    std::memset(back.p(), 0, back.bytes.size());
+    cudak::attn_merge_heads(back.p(), heads.p(), B, T, NH, hs, ld, stride, C, f, nullptr);
+    return std::vector<Buf>{heads, back};
+  });
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < NH; ++h)
+        for (int j = 0; j < hs; ++j) {
+          const size_t pi = (size_t{static_cast<size_t>(b)} * T + t) * stride + C + h * hs + j;
+          const size_t hi = ((size_t{static_cast<size_t>(b)} * NH + h) * T + t) * ld + j;
+          ASSERT_EQ(got[0].get(hi), packed[pi]);
+          ASSERT_EQ(got[1].get(pi), packed[pi]);
+        }
+}
+
+// Found by review, reproduced by the emulator: the row-cache decision compared only the
+// dynamic bytes with 48 KB, but the kernels also hold static shared memory (512 bytes
+// forward, 128 backward), so rows of T in 12161..12288 (forward) and, in FP32, 6129..6144
+// (backward) launched with more than 48 KB in all and no opt-in: a launch failure on the GPU.
+TEST(SimtKernelsLimits, SoftmaxRowCacheRespectsTheSharedMemoryLimit) {
+  for (int T : {12160, 12161, 12288}) {  // one row that sees all T keys (not causal)
+    const int ld = (T + 7) / 8 * 8;
+    Buf sp = dev(randv(ld, DType::F32, 90, 1.0), DType::F32), lse(DType::F32, 1);
+    EXPECT_NO_THROW(cudak::softmax_forward(sp.p(), lse.f(), 1, T, ld, false,
+                                           cudak::SoftmaxRowStats{}, 1e-3, DType::F32, nullptr))
+        << "T = " << T;
+  }
+  for (int T : {6128, 6129, 6144}) {
+    const int ld = (T + 7) / 8 * 8;
+    Buf d = dev(std::vector<float>(size_t{2} * ld, 0.5f), DType::F32);
+    Buf p = dev(std::vector<float>(size_t{2} * ld, 0.25f), DType::F32);
+    EXPECT_NO_THROW(cudak::softmax_backward(d.p(), p.p(), 2, T, ld, false, DType::F32, nullptr))
+        << "T = " << T;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, SimtKernels, ::testing::ValuesIn(kFmts),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+}  // namespace
+}  // namespace st
