@@ -181,7 +181,7 @@ void switch_to(Fiber* f) {
 #endif
   swapcontext(&r.sched, &f->ctx);
 #if SIMT_ASAN
-  __sanitizer_finish_switch_fiber(r.sched_fake, &r.sched_bottom, &r.sched_size);
+  __sanitizer_finish_switch_fiber(r.sched_fake, nullptr, nullptr);  // back on the scheduler
 #endif
   r.cur = nullptr;
   g_regs = nullptr;
