@@ -493,71 +493,82 @@ void exec_mma(Fiber* base) {
   }
 }
 
-// The warp of `f` may complete a collective now: every lane named in the mask of a waiting
-// lane has arrived at the same one. Returns the lanes released (0 if none).
-void try_warp(int warp) {
+void mismatch(const Fiber& o, int l, const Fiber& f) {
+  kernel_fail(where(&o) + ": lane arrives at " + op_name(o.op) + " (mask " +
+              std::to_string(o.mask) + ") while lane " + std::to_string(l) + " waits at " +
+              op_name(f.op) + " (mask " + std::to_string(f.mask) + ")");
+}
+
+// Lane `a` of `warp` has just arrived at a collective, or exited. Only a group that names `a`
+// can change state, and a group completes when its last lane arrives: so the lanes waiting
+// for `a` are checked against it, and the group of `a` runs if every lane it names is there.
+// O(32) per event (a scan of every waiting lane's group per event was O(32^2)).
+void warp_event(int warp, int a) {
   Runtime& r = rt();
   const int first = warp * 32;
   const int nl = std::min(32, r.nthreads - first);
   Fiber* base = &r.fibers[first];
+  Fiber& fa = base[a];
   for (int l = 0; l < nl; ++l) {
-    Fiber& f = base[l];
-    if (f.st != St::Warp) continue;
-    const unsigned mask = f.mask;
-    if (!in_mask(mask, l)) {
-      kernel_fail(where(&f) + ": " + op_name(f.op) + " with a mask that does not name this lane");
+    const Fiber& f = base[l];
+    if (l == a || f.st != St::Warp || !in_mask(f.mask, a)) continue;
+    if (fa.st == St::Exited) {
+      kernel_fail(where(&f) + ": " + op_name(f.op) + " waits for lane " + std::to_string(a) +
+                  ", which has exited");
     }
-    if ((f.op == Op::Ldm || f.op == Op::Mma) && mask != 0xffffffffu) {
-      kernel_fail(where(&f) + ": " + op_name(f.op) + " needs all 32 lanes of the warp");
+    if (fa.op != f.op || fa.mask != f.mask) mismatch(fa, l, f);
+  }
+  if (fa.st != St::Warp) return;
+  const unsigned mask = fa.mask;
+  if (!in_mask(mask, a)) {
+    kernel_fail(where(&fa) + ": " + op_name(fa.op) + " with a mask that does not name this lane");
+  }
+  if ((fa.op == Op::Ldm || fa.op == Op::Mma) && mask != 0xffffffffu) {
+    kernel_fail(where(&fa) + ": " + op_name(fa.op) + " needs all 32 lanes of the warp");
+  }
+  bool complete = true;
+  for (int m = 0; m < 32; ++m) {
+    if (!in_mask(mask, m)) continue;
+    if (m >= nl) {
+      kernel_fail(where(&fa) + ": " + op_name(fa.op) + " names lane " + std::to_string(m) +
+                  ", which does not exist (block of " + std::to_string(r.nthreads) + ")");
     }
-    bool complete = true;
-    for (int m = 0; m < 32; ++m) {
-      if (!in_mask(mask, m)) continue;
-      if (m >= nl) {
-        kernel_fail(where(&f) + ": " + op_name(f.op) + " names lane " + std::to_string(m) +
-                    ", which does not exist (block of " + std::to_string(r.nthreads) + ")");
-      }
-      Fiber& o = base[m];
-      if (o.st == St::Exited) {
-        kernel_fail(where(&f) + ": " + op_name(f.op) + " waits for lane " + std::to_string(m) +
-                    ", which has exited");
-      }
-      if (o.st != St::Warp) {
-        complete = false;
-        continue;
-      }
-      if (o.op != f.op || o.mask != mask) {
-        kernel_fail(where(&o) + ": lane arrives at " + op_name(o.op) + " (mask " +
-                    std::to_string(o.mask) + ") while lane " + std::to_string(l) + " waits at " +
-                    op_name(f.op) + " (mask " + std::to_string(mask) + ")");
-      }
+    const Fiber& o = base[m];
+    if (o.st == St::Exited) {
+      kernel_fail(where(&fa) + ": " + op_name(fa.op) + " waits for lane " + std::to_string(m) +
+                  ", which has exited");
     }
-    if (!complete) continue;
-    switch (f.op) {
-      case Op::SyncWarp:
-        ++r.wepoch[warp];
-        break;
-      case Op::Shfl:
-        exec_shfl(base, mask);
-        break;
-      case Op::Vote:
-        exec_vote(base, mask);
-        break;
-      case Op::Ldm:
-        exec_ldmatrix(base);
-        break;
-      case Op::Mma:
-        exec_mma(base);
-        break;
-      default:
-        break;
+    if (o.st != St::Warp) {
+      complete = false;
+      continue;
     }
-    for (int m = 0; m < 32; ++m) {
-      if (!in_mask(mask, m)) continue;
-      base[m].st = St::Ready;
-      base[m].op = Op::None;
-      r.ready.push_back(first + m);
-    }
+    if (o.op != fa.op || o.mask != mask) mismatch(o, a, fa);
+  }
+  if (!complete) return;
+  switch (fa.op) {
+    case Op::SyncWarp:
+      ++r.wepoch[warp];
+      break;
+    case Op::Shfl:
+      exec_shfl(base, mask);
+      break;
+    case Op::Vote:
+      exec_vote(base, mask);
+      break;
+    case Op::Ldm:
+      exec_ldmatrix(base);
+      break;
+    case Op::Mma:
+      exec_mma(base);
+      break;
+    default:
+      break;
+  }
+  for (int m = 0; m < 32; ++m) {
+    if (!in_mask(mask, m)) continue;
+    base[m].st = St::Ready;
+    base[m].op = Op::None;
+    r.ready.push_back(first + m);
   }
 }
 
@@ -665,13 +676,13 @@ void run_block(uint3 b) {
     switch (f.st) {
       case St::Exited:
         --r.live;
-        try_warp(f.warp);  // fails if a lane waits for this one
+        warp_event(f.warp, f.lane);  // fails if a lane waits for this one
         break;
       case St::Bar:
         ++r.at_bar;
         break;
       case St::Warp:
-        try_warp(f.warp);
+        warp_event(f.warp, f.lane);
         break;
       case St::Ready:
         r.ready.push_back(i);
@@ -680,7 +691,7 @@ void run_block(uint3 b) {
   }
 }
 
-// kernel_fail from the scheduler context (try_warp) must not switch: it only records.
+// kernel_fail from the scheduler context (warp_event) must not switch: it only records.
 bool in_fiber() {
   return rt().cur != nullptr;
 }
@@ -729,7 +740,7 @@ void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t 
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
       grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
-    o << "launch of " << name << ": invalid configuration grid (" << grid.x << "," << grid.y << ","
+    o << "launch of " << r.name << ": invalid configuration grid (" << grid.x << "," << grid.y << ","
       << grid.z << ") block (" << block.x << "," << block.y << "," << block.z << ")";
     record_failure(cudaErrorInvalidConfiguration, o.str());
     return;
@@ -739,7 +750,7 @@ void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t 
   r.limit = std::max(kDefaultSmem, optin > 0 ? kMaxSmemOptin : 0);
   const size_t allowed = std::max(kDefaultSmem, optin);
   if (dyn_smem > allowed || dyn_smem > kMaxSmemOptin) {
-    o << "launch of " << name << ": " << dyn_smem << " bytes of dynamic shared memory exceed "
+    o << "launch of " << r.name << ": " << dyn_smem << " bytes of dynamic shared memory exceed "
       << (dyn_smem > kMaxSmemOptin ? "the sm_90 maximum of 232448"
           : optin ? "the cudaFuncSetAttribute(MaxDynamicSharedMemorySize) value of " +
                         std::to_string(optin)

@@ -404,15 +404,37 @@ TEST(SimtChecks, DivergentCollectivesDeadlock) {
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
 }
 
-__global__ void exit_kernel(int* out) {
-  if (threadIdx.x == 3) return;
+__global__ void exit_kernel(int* out, unsigned gone) {
+  if (threadIdx.x == gone) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
 }
 
+// Both orders: lane 0 exits before the others arrive (caught on arrival), lane 31 after they
+// wait (caught on its exit).
 TEST(SimtChecks, CollectiveWaitingForAnExitedLaneFails) {
   std::vector<int> out(32);
-  EXPECT_NE(run([&] { launch(exit_kernel, 1, 32, 0, nullptr, out.data()); }).find("exited"),
-            std::string::npos);
+  for (unsigned gone : {0u, 3u, 31u}) {
+    const std::string e = run([&] { launch(exit_kernel, 1, 32, 0, nullptr, out.data(), gone); });
+    EXPECT_NE(e.find("exited"), std::string::npos) << "lane " << gone << ": " << e;
+  }
+}
+
+__global__ void mismatch_kernel(int* out, unsigned odd) {
+  int v = threadIdx.x;
+  if (threadIdx.x == odd) {
+    v = __ballot_sync(0xffffffffu, 1);
+  } else {
+    v = __shfl_xor_sync(0xffffffffu, v, 1);
+  }
+  out[threadIdx.x] = v;
+}
+
+TEST(SimtChecks, DifferentCollectivesInOneWarpFail) {
+  std::vector<int> out(32);
+  for (unsigned odd : {0u, 17u, 31u}) {
+    const std::string e = run([&] { launch(mismatch_kernel, 1, 32, 0, nullptr, out.data(), odd); });
+    EXPECT_NE(e.find("lane arrives at"), std::string::npos) << "lane " << odd << ": " << e;
+  }
 }
 
 __global__ void smem_kernel(int* out) {
