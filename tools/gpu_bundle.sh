@@ -102,7 +102,7 @@ fi
   echo "nvcc: $( (command -v nvcc >/dev/null && nvcc --version || /usr/local/cuda/bin/nvcc --version) | grep -o 'release [0-9.]*')"
   echo "cxx: $(g++ --version | head -1)"
   echo "cuda_arch: $arch"
-  echo "flags: STABLETRAIN_NATIVE=OFF STABLETRAIN_MPI=OFF Release, RPATH \$ORIGIN/../lib"
+  echo "flags: STABLETRAIN_NATIVE=OFF STABLETRAIN_MPI=OFF STABLETRAIN_SIMT=OFF Release, RPATH \$ORIGIN/../lib"
   echo "glibc_required: $(glibc_required "$STAGE"/bin/* "$STAGE"/lib/*)"
   echo "cuda_libs: $cuda_needed(from the GPU machine)"
   echo "programs: ${programs[*]}"

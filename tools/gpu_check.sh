@@ -247,10 +247,10 @@ elif [[ -z "$BIN" ]]; then
   # no -march=native (the programs may run on another CPU), no MPI (the GPU image has no
   # launcher; NCCL ids travel by file or TCP), RPATH $ORIGIN/../lib (the bundle's lib/, set
   # as DT_RPATH so the libraries it loads find theirs too), gtest discovery at test time (a
-  # build never runs a GPU program).
+  # build never runs a GPU program), no SIMT emulator (CPU-only tests; it needs Boost.Context).
   CONFIG=(-DCMAKE_BUILD_TYPE=Release -DSTABLETRAIN_CUDA=ON
     -DCMAKE_CUDA_ARCHITECTURES="${GPU_CHECK_CUDA_ARCH:-90}" -DSTABLETRAIN_NATIVE=OFF
-    -DSTABLETRAIN_MPI=OFF -DBUILD_TESTING=ON
+    -DSTABLETRAIN_MPI=OFF -DBUILD_TESTING=ON -DSTABLETRAIN_SIMT=OFF
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN/../lib"
     -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST)

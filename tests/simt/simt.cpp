@@ -4,9 +4,9 @@
 #include "simt/simt.h"
 
 #include <sys/mman.h>
-#include <ucontext.h>
 
 #include <algorithm>
+#include <boost/context/detail/fcontext.hpp>
 #include <cfloat>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +28,16 @@ namespace simt {
 ThreadRegs* g_regs = nullptr;
 
 namespace {
+
+// Context switches: Boost.Context's fcontext primitives (the assembly switch behind
+// boost::context::fiber, used directly as folly's fibers do): a switch saves the callee-saved
+// registers and swaps stacks, with no system call (swapcontext's sigprocmask per switch cost
+// a third of the emulator's time). Each fiber owns its stack below; nothing is unwound when a
+// failed launch abandons fibers.
+using boost::context::detail::fcontext_t;
+using boost::context::detail::jump_fcontext;
+using boost::context::detail::make_fcontext;
+using boost::context::detail::transfer_t;
 
 constexpr size_t kStackBytes = 512 * 1024;
 constexpr size_t kSmemSpace = 1 << 20;        // emulated shared address space per block
@@ -63,7 +73,7 @@ struct Copy {
 };
 
 struct Fiber {
-  ucontext_t ctx{};
+  fcontext_t ctx = nullptr;  // where the fiber resumes
   void* stack = nullptr;
   ThreadRegs regs{};
   int tid = 0, warp = 0, lane = 0;
@@ -118,9 +128,10 @@ struct Runtime {
   int nthreads = 0, live = 0, at_bar = 0;
   uint32_t epoch = 1;
   std::vector<uint32_t> wepoch;
+  std::vector<uint32_t> wwait, wexit;  // per warp: lanes waiting at a collective, exited
   std::vector<int> ready;
   uint64_t rng = 0;
-  ucontext_t sched{};
+  fcontext_t sched = nullptr;  // where the scheduler resumes (valid while a fiber runs)
   Fiber* cur = nullptr;
 #if SIMT_ASAN
   void* sched_fake = nullptr;
@@ -179,7 +190,7 @@ void switch_to(Fiber* f) {
 #if SIMT_ASAN
   __sanitizer_start_switch_fiber(&r.sched_fake, f->stack, kStackBytes);
 #endif
-  swapcontext(&r.sched, &f->ctx);
+  f->ctx = jump_fcontext(f->ctx, nullptr).fctx;  // back when the fiber yields
 #if SIMT_ASAN
   __sanitizer_finish_switch_fiber(r.sched_fake, nullptr, nullptr);  // back on the scheduler
 #endif
@@ -196,7 +207,7 @@ void yield(St s) {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(s == St::Exited ? nullptr : &fake, r.sched_bottom, r.sched_size);
 #endif
-  swapcontext(&f->ctx, &r.sched);
+  r.sched = jump_fcontext(r.sched, nullptr).fctx;  // back when the scheduler resumes us
 #if SIMT_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -205,8 +216,9 @@ void yield(St s) {
 
 void complete_group(Fiber* f, const std::vector<Copy>& g);
 
-void fiber_entry() {
+void fiber_entry(transfer_t from) {
   Runtime& r = rt();
+  r.sched = from.fctx;
 #if SIMT_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &r.sched_bottom, &r.sched_size);
 #endif
@@ -499,26 +511,37 @@ void mismatch(const Fiber& o, int l, const Fiber& f) {
               op_name(f.op) + " (mask " + std::to_string(f.mask) + ")");
 }
 
+uint32_t bit(int lane) {
+  return 1u << lane;
+}
+
 // Lane `a` of `warp` has just arrived at a collective, or exited. Only a group that names `a`
-// can change state, and a group completes when its last lane arrives: so the lanes waiting
-// for `a` are checked against it, and the group of `a` runs if every lane it names is there.
-// O(32) per event (a scan of every waiting lane's group per event was O(32^2)).
+// can change state, and a group completes when its last lane arrives, so each event is
+// checked against the waiting lanes it concerns, with per-warp bit sets of the waiting and
+// exited lanes (a scan of every waiting lane's group per event cost O(32^2)).
+//
+// Invariant: two waiting lanes where one names the other wait at the same collective with
+// the same mask. An arriving lane with mask M keeps it if it matches one waiting lane of M
+// (which names every other waiting lane of M, so they all match it) and no waiting lane
+// outside M names it (such a lane's mask differs from M).
 void warp_event(int warp, int a) {
   Runtime& r = rt();
   const int first = warp * 32;
   const int nl = std::min(32, r.nthreads - first);
   Fiber* base = &r.fibers[first];
   Fiber& fa = base[a];
-  for (int l = 0; l < nl; ++l) {
-    const Fiber& f = base[l];
-    if (l == a || f.st != St::Warp || !in_mask(f.mask, a)) continue;
-    if (fa.st == St::Exited) {
-      kernel_fail(where(&f) + ": " + op_name(f.op) + " waits for lane " + std::to_string(a) +
-                  ", which has exited");
+  uint32_t& waiting = r.wwait[warp];
+  if (fa.st == St::Exited) {
+    r.wexit[warp] |= bit(a);
+    for (uint32_t w = waiting; w; w &= w - 1) {
+      const Fiber& f = base[__builtin_ctz(w)];
+      if (in_mask(f.mask, a)) {
+        kernel_fail(where(&f) + ": " + op_name(f.op) + " waits for lane " + std::to_string(a) +
+                    ", which has exited");
+      }
     }
-    if (fa.op != f.op || fa.mask != f.mask) mismatch(fa, l, f);
+    return;
   }
-  if (fa.st != St::Warp) return;
   const unsigned mask = fa.mask;
   if (!in_mask(mask, a)) {
     kernel_fail(where(&fa) + ": " + op_name(fa.op) + " with a mask that does not name this lane");
@@ -526,25 +549,26 @@ void warp_event(int warp, int a) {
   if ((fa.op == Op::Ldm || fa.op == Op::Mma) && mask != 0xffffffffu) {
     kernel_fail(where(&fa) + ": " + op_name(fa.op) + " needs all 32 lanes of the warp");
   }
-  bool complete = true;
-  for (int m = 0; m < 32; ++m) {
-    if (!in_mask(mask, m)) continue;
-    if (m >= nl) {
-      kernel_fail(where(&fa) + ": " + op_name(fa.op) + " names lane " + std::to_string(m) +
-                  ", which does not exist (block of " + std::to_string(r.nthreads) + ")");
-    }
-    const Fiber& o = base[m];
-    if (o.st == St::Exited) {
-      kernel_fail(where(&fa) + ": " + op_name(fa.op) + " waits for lane " + std::to_string(m) +
-                  ", which has exited");
-    }
-    if (o.st != St::Warp) {
-      complete = false;
-      continue;
-    }
-    if (o.op != fa.op || o.mask != mask) mismatch(o, a, fa);
+  const uint32_t lanes = nl == 32 ? 0xffffffffu : bit(nl) - 1;
+  if (mask & ~lanes) {
+    kernel_fail(where(&fa) + ": " + op_name(fa.op) + " names lane " +
+                std::to_string(__builtin_ctz(mask & ~lanes)) + ", which does not exist (block of " +
+                std::to_string(r.nthreads) + ")");
   }
-  if (!complete) return;
+  if (mask & r.wexit[warp]) {
+    kernel_fail(where(&fa) + ": " + op_name(fa.op) + " waits for lane " +
+                std::to_string(__builtin_ctz(mask & r.wexit[warp])) + ", which has exited");
+  }
+  for (uint32_t w = waiting & ~mask; w; w &= w - 1) {
+    const int l = __builtin_ctz(w);
+    if (in_mask(base[l].mask, a)) mismatch(fa, l, base[l]);
+  }
+  if (const uint32_t in = waiting & mask) {
+    const int l = __builtin_ctz(in);
+    if (base[l].op != fa.op || base[l].mask != mask) mismatch(fa, l, base[l]);
+  }
+  waiting |= bit(a);
+  if ((mask & ~waiting) != 0) return;  // not complete yet
   switch (fa.op) {
     case Op::SyncWarp:
       ++r.wepoch[warp];
@@ -564,8 +588,9 @@ void warp_event(int warp, int a) {
     default:
       break;
   }
-  for (int m = 0; m < 32; ++m) {
-    if (!in_mask(mask, m)) continue;
+  waiting &= ~mask;
+  for (uint32_t w = mask; w; w &= w - 1) {
+    const int m = __builtin_ctz(w);
     base[m].st = St::Ready;
     base[m].op = Op::None;
     r.ready.push_back(first + m);
@@ -630,6 +655,8 @@ void run_block(uint3 b) {
   r.at_bar = 0;
   r.epoch = 1;
   r.wepoch.assign((r.nthreads + 31) / 32, 1);
+  r.wwait.assign((r.nthreads + 31) / 32, 0);
+  r.wexit.assign((r.nthreads + 31) / 32, 0);
   reset_shared();
   r.ready.clear();
   for (int i = 0; i < r.nthreads; ++i) {
@@ -647,11 +674,7 @@ void run_block(uint3 b) {
     f.regs.block_dim = r.block;
     f.regs.grid_dim = r.grid;
     f.stack = stack_for(i);
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_entry, 0);
+    f.ctx = make_fcontext(static_cast<char*>(f.stack) + kStackBytes, kStackBytes, fiber_entry);
     r.ready.push_back(i);
   }
   ++r.stats.blocks;
@@ -740,8 +763,8 @@ void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t 
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
       grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
-    o << "launch of " << r.name << ": invalid configuration grid (" << grid.x << "," << grid.y << ","
-      << grid.z << ") block (" << block.x << "," << block.y << "," << block.z << ")";
+    o << "launch of " << r.name << ": invalid configuration grid (" << grid.x << "," << grid.y
+      << "," << grid.z << ") block (" << block.x << "," << block.y << "," << block.z << ")";
     record_failure(cudaErrorInvalidConfiguration, o.str());
     return;
   }

@@ -2,7 +2,7 @@
 // for the tests only (never linked into the product). See tests/simt/README.md.
 //
 // Execution model. A launch runs its blocks one after another (in an order permuted by the
-// schedule seed). Every CUDA thread of a block is a fiber (ucontext) with its own stack;
+// schedule seed). Every CUDA thread of a block is a fiber (Boost.Context) with its own stack;
 // fibers switch only at synchronisation points: __syncthreads (block barrier), the warp
 // collectives (__syncwarp, __shfl_*_sync, __ballot_sync, __any/__all_sync, ldmatrix,
 // mma.sync) and thread exit. Which ready fiber runs next is chosen by a seeded generator,

@@ -88,12 +88,24 @@ void check_ldmatrix() {
   }
 }
 
-TEST(SimtPtx, LdmatrixX1) { check_ldmatrix<1, false>(); }
-TEST(SimtPtx, LdmatrixX2) { check_ldmatrix<2, false>(); }
-TEST(SimtPtx, LdmatrixX4) { check_ldmatrix<4, false>(); }
-TEST(SimtPtx, LdmatrixX1Trans) { check_ldmatrix<1, true>(); }
-TEST(SimtPtx, LdmatrixX2Trans) { check_ldmatrix<2, true>(); }
-TEST(SimtPtx, LdmatrixX4Trans) { check_ldmatrix<4, true>(); }
+TEST(SimtPtx, LdmatrixX1) {
+  check_ldmatrix<1, false>();
+}
+TEST(SimtPtx, LdmatrixX2) {
+  check_ldmatrix<2, false>();
+}
+TEST(SimtPtx, LdmatrixX4) {
+  check_ldmatrix<4, false>();
+}
+TEST(SimtPtx, LdmatrixX1Trans) {
+  check_ldmatrix<1, true>();
+}
+TEST(SimtPtx, LdmatrixX2Trans) {
+  check_ldmatrix<2, true>();
+}
+TEST(SimtPtx, LdmatrixX4Trans) {
+  check_ldmatrix<4, true>();
+}
 
 // ---------------------------------------------------------------- mma.sync m16n8k16
 
@@ -142,7 +154,10 @@ void check_mma(uint16_t (*bits)(float)) {
     c[l * 4 + 2] = C[g + 8][2 * t];
     c[l * 4 + 3] = C[g + 8][2 * t + 1];
   }
-  ASSERT_EQ(run([&] { launch(mma_kernel<T>, 1, 32, 0, nullptr, a.data(), b.data(), c.data(), d.data()); }), "");
+  ASSERT_EQ(run([&] {
+              launch(mma_kernel<T>, 1, 32, 0, nullptr, a.data(), b.data(), c.data(), d.data());
+            }),
+            "");
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
@@ -154,14 +169,18 @@ void check_mma(uint16_t (*bits)(float)) {
   }
 }
 
-TEST(SimtPtx, MmaBf16MatchesNaiveProduct) { check_mma<__nv_bfloat16>(bf16_bits); }
-TEST(SimtPtx, MmaF16MatchesNaiveProduct) { check_mma<__half>(f16_bits); }
+TEST(SimtPtx, MmaBf16MatchesNaiveProduct) {
+  check_mma<__nv_bfloat16>(bf16_bits);
+}
+TEST(SimtPtx, MmaF16MatchesNaiveProduct) {
+  check_mma<__half>(f16_bits);
+}
 
 // ldmatrix feeding mma as the flash kernels do: A (16 x 16) and X (8 x 16, so B = X^T)
 // row-major in shared memory, fragments by ldmatrix.x4 / .x2, product by mma: S = A X^T.
 // And the .trans path: B (16 x 8) row-major (k rows), B fragments by ldmatrix.x2.trans.
-__global__ void ldm_mma_kernel(const uint16_t* A, const uint16_t* X, const uint16_t* Bk,
-                               float* S, float* O) {
+__global__ void ldm_mma_kernel(const uint16_t* A, const uint16_t* X, const uint16_t* Bk, float* S,
+                               float* O) {
   ST_SHARED(uint16_t, sa, [16 * 16]);
   ST_SHARED(uint16_t, sx, [8 * 16]);
   ST_SHARED(uint16_t, sb, [16 * 8]);
@@ -189,11 +208,18 @@ __global__ void ldm_mma_kernel(const uint16_t* A, const uint16_t* X, const uint1
 TEST(SimtPtx, LdmatrixFragmentsFeedMma) {
   std::vector<uint16_t> A(256), X(128), Bk(128);
   std::vector<float> Af(256), Xf(128), Bf(128);
-  for (int i = 0; i < 256; ++i) Af[i] = static_cast<float>((i * 37) % 15 - 7), A[i] = bf16_bits(Af[i]);
-  for (int i = 0; i < 128; ++i) Xf[i] = static_cast<float>((i * 11) % 9 - 4), X[i] = bf16_bits(Xf[i]);
-  for (int i = 0; i < 128; ++i) Bf[i] = static_cast<float>((i * 13) % 7 - 3), Bk[i] = bf16_bits(Bf[i]);
+  for (int i = 0; i < 256; ++i)
+    Af[i] = static_cast<float>((i * 37) % 15 - 7), A[i] = bf16_bits(Af[i]);
+  for (int i = 0; i < 128; ++i)
+    Xf[i] = static_cast<float>((i * 11) % 9 - 4), X[i] = bf16_bits(Xf[i]);
+  for (int i = 0; i < 128; ++i)
+    Bf[i] = static_cast<float>((i * 13) % 7 - 3), Bk[i] = bf16_bits(Bf[i]);
   std::vector<float> S(128, -1), O(128, -1);
-  ASSERT_EQ(run([&] { launch(ldm_mma_kernel, 1, 32, 0, nullptr, A.data(), X.data(), Bk.data(), S.data(), O.data()); }), "");
+  ASSERT_EQ(run([&] {
+              launch(ldm_mma_kernel, 1, 32, 0, nullptr, A.data(), X.data(), Bk.data(), S.data(),
+                     O.data());
+            }),
+            "");
   for (int i = 0; i < 16; ++i) {
     for (int j = 0; j < 8; ++j) {
       double s = 0, o = 0;
@@ -246,8 +272,9 @@ __global__ void cp_async_misaligned_kernel(const uint32_t* src) {
 
 TEST(SimtPtx, CpAsyncMisalignedFails) {
   std::vector<uint32_t> src(64);
-  EXPECT_NE(run([&] { launch(cp_async_misaligned_kernel, 1, 32, 0, nullptr, src.data()); })
-                .find("not aligned"),
+  EXPECT_NE(run([&] {
+              launch(cp_async_misaligned_kernel, 1, 32, 0, nullptr, src.data());
+            }).find("not aligned"),
             std::string::npos);
 }
 
@@ -319,15 +346,17 @@ __global__ void race_kernel(int* out, bool barrier, bool warp_barrier_only, int 
 
 TEST(SimtChecks, SharedRaceIsFlagged) {
   int out = 0;
-  EXPECT_NE(run([&] { launch(race_kernel, 1, 64, 0, nullptr, &out, false, false, 1); }).find("race"),
-            std::string::npos);
+  EXPECT_NE(
+      run([&] { launch(race_kernel, 1, 64, 0, nullptr, &out, false, false, 1); }).find("race"),
+      std::string::npos);
   // Ordered by __syncthreads: fine.
   EXPECT_EQ(run([&] { launch(race_kernel, 1, 64, 0, nullptr, &out, true, false, 1); }), "");
   EXPECT_EQ(out, 42);
   // __syncwarp orders lanes of one warp, not threads of two warps.
   EXPECT_EQ(run([&] { launch(race_kernel, 1, 64, 0, nullptr, &out, false, true, 1); }), "");
-  EXPECT_NE(run([&] { launch(race_kernel, 1, 64, 0, nullptr, &out, false, true, 33); }).find("race"),
-            std::string::npos);
+  EXPECT_NE(
+      run([&] { launch(race_kernel, 1, 64, 0, nullptr, &out, false, true, 33); }).find("race"),
+      std::string::npos);
 }
 
 __global__ void war_race_kernel(int* out) {
@@ -363,15 +392,18 @@ __global__ void oob_kernel(int* out, int index, bool dynamic) {
 TEST(SimtChecks, SharedOutOfBoundsIsFlagged) {
   std::vector<int> out(32);
   EXPECT_EQ(run([&] { launch(oob_kernel, 1, 32, 64, nullptr, out.data(), 31, false); }), "");
-  EXPECT_NE(run([&] { launch(oob_kernel, 1, 32, 64, nullptr, out.data(), 32, false); })
-                .find("out of bounds"),
+  EXPECT_NE(run([&] {
+              launch(oob_kernel, 1, 32, 64, nullptr, out.data(), 32, false);
+            }).find("out of bounds"),
             std::string::npos);
   EXPECT_EQ(run([&] { launch(oob_kernel, 1, 32, 64, nullptr, out.data(), 15, true); }), "");
-  EXPECT_NE(run([&] { launch(oob_kernel, 1, 32, 64, nullptr, out.data(), 16, true); })
-                .find("out of bounds"),
+  EXPECT_NE(run([&] {
+              launch(oob_kernel, 1, 32, 64, nullptr, out.data(), 16, true);
+            }).find("out of bounds"),
             std::string::npos);
-  EXPECT_NE(run([&] { launch(oob_kernel, 1, 32, 64, nullptr, out.data(), -1, true); })
-                .find("out of bounds"),
+  EXPECT_NE(run([&] {
+              launch(oob_kernel, 1, 32, 64, nullptr, out.data(), -1, true);
+            }).find("out of bounds"),
             std::string::npos);
 }
 
@@ -429,12 +461,23 @@ __global__ void mismatch_kernel(int* out, unsigned odd) {
   out[threadIdx.x] = v;
 }
 
+// Lanes 0..15 wait for the whole warp; lane 16 then arrives with the upper half only.
+__global__ void mask_mismatch_kernel(int* out) {
+  __syncwarp(threadIdx.x < 16 ? 0xffffffffu : 0xffff0000u);
+  out[threadIdx.x] = 1;
+}
+
 TEST(SimtChecks, DifferentCollectivesInOneWarpFail) {
   std::vector<int> out(32);
   for (unsigned odd : {0u, 17u, 31u}) {
     const std::string e = run([&] { launch(mismatch_kernel, 1, 32, 0, nullptr, out.data(), odd); });
     EXPECT_NE(e.find("lane arrives at"), std::string::npos) << "lane " << odd << ": " << e;
   }
+  const std::string e = run([&] { launch(mask_mismatch_kernel, 1, 32, 0, nullptr, out.data()); });
+  EXPECT_NE(e.find("lane arrives at __syncwarp (mask 4294901760) while lane 0 waits at __syncwarp "
+                   "(mask 4294967295)"),
+            std::string::npos)
+      << e;
 }
 
 __global__ void smem_kernel(int* out) {
@@ -459,28 +502,32 @@ TEST(SimtChecks, SharedMemoryLimitsAsTheDriver) {
   // without opting in: static + dynamic <= 48 KB
   EXPECT_EQ(run([&] { launch(smem_kernel, 1, 32, 48 * 1024 - 512, nullptr, out.data()); }), "");
   EXPECT_EQ(out[5], 3);
-  EXPECT_NE(run([&] { launch(smem_kernel, 1, 32, 48 * 1024 - 508, nullptr, out.data()); })
-                .find("48 KB"),
-            std::string::npos);
-  EXPECT_NE(run([&] { launch(smem_kernel, 1, 32, 48 * 1024 + 4, nullptr, out.data()); })
-                .find("without cudaFuncSetAttribute"),
+  EXPECT_NE(
+      run([&] { launch(smem_kernel, 1, 32, 48 * 1024 - 508, nullptr, out.data()); }).find("48 KB"),
+      std::string::npos);
+  EXPECT_NE(run([&] {
+              launch(smem_kernel, 1, 32, 48 * 1024 + 4, nullptr, out.data());
+            }).find("without cudaFuncSetAttribute"),
             std::string::npos);
   // opted in to 100 KB: up to 100 KB dynamic; over the attribute fails; 227 KB is the cap
   ASSERT_EQ(cudaFuncSetAttribute(smem_optin_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  100 * 1024),
             cudaSuccess);
   EXPECT_EQ(run([&] { launch(smem_optin_kernel, 1, 32, 100 * 1024, nullptr, out.data()); }), "");
-  EXPECT_NE(run([&] { launch(smem_optin_kernel, 1, 32, 100 * 1024 + 4, nullptr, out.data()); }), "");
+  EXPECT_NE(run([&] { launch(smem_optin_kernel, 1, 32, 100 * 1024 + 4, nullptr, out.data()); }),
+            "");
   EXPECT_NE(cudaFuncSetAttribute(smem_optin_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  227 * 1024 + 4),
             cudaSuccess);
   ASSERT_EQ(cudaFuncSetAttribute(smem_optin_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  227 * 1024),
             cudaSuccess);
-  EXPECT_NE(run([&] { launch(smem_optin_kernel, 1, 32, 227 * 1024, nullptr, out.data()); })
-                .find("232448"),
+  EXPECT_NE(run([&] {
+              launch(smem_optin_kernel, 1, 32, 227 * 1024, nullptr, out.data());
+            }).find("232448"),
             std::string::npos);  // + 512 static bytes
-  EXPECT_EQ(run([&] { launch(smem_optin_kernel, 1, 32, 227 * 1024 - 512, nullptr, out.data()); }), "");
+  EXPECT_EQ(run([&] { launch(smem_optin_kernel, 1, 32, 227 * 1024 - 512, nullptr, out.data()); }),
+            "");
 }
 
 TEST(SimtChecks, InvalidLaunchConfigurations) {
