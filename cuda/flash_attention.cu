@@ -31,6 +31,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/flash_attention.h"
 #include "cuda/flash_launch.cuh"
+#include "cuda/flash_plan.h"
 
 namespace st {
 namespace {
@@ -109,29 +110,13 @@ class FlashAttentionCuda : public Attention {
              qkv.desc(), " or each other");
     ensure_buffers(d, n, fmt);
 
-    flash::FwdParams p;
-    p.qkv = qkv.raw();
-    p.out = out.raw();
-    p.lse = static_cast<float*>(lse.raw());
-    p.o32 = n.delta == DeltaMode::OFp32 ? static_cast<float*>(o_saved_.raw()) : nullptr;
-    p.o_lo = n.delta == DeltaMode::OSplit ? o_saved_.raw() : nullptr;
-    p.p_one = cfg_.collect_stats ? static_cast<int32_t*>(pone_.raw()) : nullptr;
-    p.B = static_cast<int>(d.B);
-    p.T = static_cast<int>(d.T);
-    p.NH = n_head;
-    p.hs = d.hs;
-    p.causal = cfg_.causal;
-    p.scores_low = n.scores != DType::F32;
-    p.scale = scale_of(d.hs);
-    p.beta = cfg_.beta;
-    p.tie_tol = cfg_.tie_tol;
-    p.cap = stabilized_max_shift(cfg_, n.probs);
-    const bool stab = cfg_.kind == AttentionKind::StabilizedFlash;
-    const bool acc_low = n.accum != DType::F32;
-    if (fmt == DType::BF16)
-      flash::fwd_bf16(p, cfg_.block_q, cfg_.block_k, stab, acc_low, be_.stream());
-    else
-      flash::fwd_f16(p, cfg_.block_q, cfg_.block_k, stab, acc_low, be_.stream());
+    flash::Buffers b;
+    b.qkv = qkv.raw();
+    b.out = out.raw();
+    b.lse = static_cast<float*>(lse.raw());
+    b.saved = o_saved_.defined() ? o_saved_.raw() : nullptr;
+    b.p_one = cfg_.collect_stats ? static_cast<int32_t*>(pone_.raw()) : nullptr;
+    flash::run_forward(cfg_, n, fmt, call_dims(d), b, be_.stream());
     B_ = d.B, T_ = d.T, NH_ = n_head, fmt_ = fmt;
     fwd_delta_ = n.delta;
     have_forward_ = true;
@@ -158,35 +143,15 @@ class FlashAttentionCuda : public Attention {
                  fwd_delta_ == n.delta,
              "flash attention backward called without a matching forward");
 
-    flash::BwdParams p;
-    p.qkv = qkv.raw();
-    p.dout = dout.raw();
-    p.lse = static_cast<const float*>(lse.raw());
-    p.delta = static_cast<float*>(delta_.raw());
-    p.dqkv = dqkv.raw();
-    p.B = static_cast<int>(d.B);
-    p.T = static_cast<int>(d.T);
-    p.NH = n_head;
-    p.hs = d.hs;
-    p.causal = cfg_.causal;
-    p.scores_low = n.scores != DType::F32;
-    p.scale = scale_of(d.hs);
-    p.block_q = cfg_.block_q;
-    p.block_k = cfg_.block_k;
-    const bool acc_low = n.accum != DType::F32;
-    cudaStream_t s = be_.stream();
-    if (n.delta == DeltaMode::DpP) {
-      if (fmt == DType::BF16) flash::delta_dpp_bf16(p, acc_low, s);
-      else flash::delta_dpp_f16(p, acc_low, s);
-    } else {
-      const int mode = n.delta == DeltaMode::O ? 0 : n.delta == DeltaMode::OSplit ? 1 : 2;
-      flash::delta_o(fmt, mode, acc_low, dout.raw(), out.raw(),
-                     mode == 1 ? o_saved_.raw() : nullptr,
-                     mode == 2 ? static_cast<const float*>(o_saved_.raw()) : nullptr,
-                     p.delta, p.B, p.T, p.NH, p.hs, s);
-    }
-    if (fmt == DType::BF16) flash::bwd_bf16(p, acc_low, s);
-    else flash::bwd_f16(p, acc_low, s);
+    flash::Buffers b;
+    b.qkv = qkv.raw();
+    b.out = out.raw();
+    b.lse = static_cast<float*>(lse.raw());
+    b.saved = o_saved_.defined() ? o_saved_.raw() : nullptr;
+    b.dout = dout.raw();
+    b.delta = static_cast<float*>(delta_.raw());
+    b.dqkv = dqkv.raw();
+    flash::run_backward(cfg_, n, fmt, call_dims(d), b, be_.stream());
     have_delta_ = true;
   }
 
@@ -205,8 +170,9 @@ class FlashAttentionCuda : public Attention {
     int hs;
   };
 
-  static float scale_of(int hs) {
-    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+  flash::CallDims call_dims(const Dims& d) const {
+    return flash::CallDims{static_cast<int>(d.B), static_cast<int>(d.T),
+                           static_cast<int>(NH_of(d)), d.hs};
   }
 
   Dims dims(const Tensor& qkv, int n_head) const {
@@ -225,35 +191,7 @@ class FlashAttentionCuda : public Attention {
   }
 
   // The formats of this call, checked against what the kernels implement.
-  AttnNumerics resolve(DType fmt) const {
-    if (fmt != DType::BF16 && fmt != DType::F16)
-      fail("attention.kind = ", attention_kind_name(cfg_.kind), " on the GPU needs a bf16 or fp16 ",
-           "compute format (got ", fmt_name(fmt), "); use attention.kind: baseline for ",
-           fmt_name(fmt));
-    const AttnNumerics n = cfg_.numerics(fmt, 0);  // fp32_out_heads is refused: every head alike
-    auto must_be_fmt = [&](DType got, const char* key) {
-      if (got != fmt)
-        fail("attention.", key, " = ", fmt_name(got),
-             " is not supported by the CUDA flash kernels (it must be the compute format, ",
-             fmt_name(fmt), ")");
-    };
-    must_be_fmt(n.qkv, "qkv");
-    must_be_fmt(n.probs, "probs");
-    must_be_fmt(n.out, "out");
-    must_be_fmt(n.grads, "grads");
-    if (n.mac != DType::F32)
-      fail("attention.mac = ", fmt_name(n.mac), " is not supported by the CUDA flash kernels (fp32)");
-    if (n.scores != DType::F32 && n.scores != fmt)
-      fail("attention.scores = ", fmt_name(n.scores),
-           " is not supported by the CUDA flash kernels (fp32 or the compute format, ",
-           fmt_name(fmt), ")");
-    if (n.accum != DType::F32 && n.accum != fmt)
-      fail("attention.accum = ", fmt_name(n.accum),
-           " is not supported by the CUDA flash kernels (fp32 or the compute format, ",
-           fmt_name(fmt), ")");
-    if (n.round_ops) fail("attention.rule = ", rounding_rule_name(cfg_.rule), " is CPU only");
-    return n;
-  }
+  AttnNumerics resolve(DType fmt) const { return flash::resolve_numerics(cfg_, fmt); }
 
   void ensure_buffers(const Dims& d, const AttnNumerics& n, DType fmt) {
     const int64_t rows = d.B * NH_of(d) * d.T;
@@ -279,10 +217,8 @@ class FlashAttentionCuda : public Attention {
   void collect_stats(const Tensor& qkv, const Dims& d, const AttnNumerics& n) {
     static_assert(sizeof(flash::RowStats) == 16, "RowStats is 4 floats");
     const int NH = static_cast<int>(NH_of(d));
-    flash::row_stats(qkv.dtype(), qkv.raw(), static_cast<flash::RowStats*>(rowstats_.raw()),
-                     static_cast<int>(d.B), static_cast<int>(d.T), NH, d.hs, cfg_.causal,
-                     n.scores != DType::F32, scale_of(d.hs), cfg_.tie_tol, cfg_.block_k,
-                     be_.stream());
+    flash::run_row_stats(cfg_, n, qkv.dtype(), call_dims(d), qkv.raw(),
+                         static_cast<flash::RowStats*>(rowstats_.raw()), be_.stream());
     const size_t rows = static_cast<size_t>(d.B) * NH * d.T;
     std::vector<int32_t> pone(rows);
     std::vector<flash::RowStats> rs(rows);
@@ -291,16 +227,7 @@ class FlashAttentionCuda : public Attention {
     ST_CUDA_CHECK(cudaMemcpyAsync(rs.data(), rowstats_.raw(), rows * sizeof(flash::RowStats),
                                   cudaMemcpyDeviceToHost, be_.stream()));
     ST_CUDA_CHECK(cudaStreamSynchronize(be_.stream()));
-    stats_.assign(NH, AttentionHeadStats{});
-    for (int64_t bh = 0; bh < d.B * NH; ++bh) {  // fixed order, as the CPU backend
-      AttentionHeadStats s;
-      for (int64_t t = 0; t < d.T; ++t) {
-        const size_t r = static_cast<size_t>(bh * d.T + t);
-        s.add_row(rs[r].max_logit, (rs[r].flags & 1) != 0, (rs[r].flags & 2) != 0, pone[r],
-                  rs[r].entropy);
-      }
-      stats_[bh % NH].merge(s);
-    }
+    stats_ = flash::merge_row_stats(call_dims(d), pone.data(), rs.data());
   }
 
   std::vector<float> to_host(const Tensor& t) {

@@ -4,9 +4,9 @@
 // (attention/head_cpu.cpp through the CPU Attention class) on the same inputs. Label emu.
 //
 // The CUDA Attention class (cuda/flash_attention.cu) needs CudaBackend, which the emulator
-// does not provide, so this file fills FwdParams / BwdParams exactly as that class does
-// (emulated_forward / emulated_backward below mirror FlashAttentionCuda::forward, backward
-// and collect_stats line for line) and calls the launchers directly.
+// does not provide; its host-side plan does not: the formats it resolves and checks, the
+// FwdParams / BwdParams it fills and the launch sequence of each mode live in
+// cuda/flash_plan.cu, which the class and this test both call.
 //
 // Every output the kernels write starts as NaN (0xFF bytes: NaN in bf16, fp16 and fp32,
 // -1 in int32), so an element a kernel forgets to write shows up as non-finite. Each case
@@ -53,109 +53,18 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "cuda/flash_launch.cuh"
+#include "cuda/flash_plan.h"
 #include "simt/simt.h"
+#include "simt/simt_test_util.h"
 
 namespace st {
 namespace {
 
-// ---------------------------------------------------------------- buffers
-
-// A device buffer of n elements of storage dtype `s` (host memory under the emulator),
-// 128-byte aligned (the kernels read qkv, out, dout with 16-byte cp.async, which the
-// emulator checks for alignment). Copies share the bytes (each schedule allocates fresh
-// buffers, so the first schedule's results stay untouched).
-struct Buf {
-  DType dtype = DType::F32;
-  size_t count = 0;
-  std::shared_ptr<unsigned char> mem;
-  Buf() = default;
-  // fill 0xFF: NaN in bf16, fp16 and fp32 (and -1 in int32): the poison of unwritten outputs.
-  Buf(DType s, size_t n, unsigned char fill = 0xFF) : dtype(s), count(n) {
-    const size_t bytes = std::max<size_t>(n * dtype_size(s), 1);
-    mem.reset(static_cast<unsigned char*>(::operator new(bytes, std::align_val_t{128})),
-              [](unsigned char* p) { ::operator delete(p, std::align_val_t{128}); });
-    std::memset(mem.get(), fill, bytes);
-  }
-  size_t nbytes() const { return count * dtype_size(dtype); }
-  void* p() const { return count ? mem.get() : nullptr; }
-  float* f() const { return static_cast<float*>(p()); }
-  float get(size_t i) const {
-    uint16_t h;
-    switch (dtype) {
-      case DType::BF16:
-        std::memcpy(&h, mem.get() + 2 * i, 2);
-        return bf16_bits_to_float(h);
-      case DType::F16:
-        std::memcpy(&h, mem.get() + 2 * i, 2);
-        return fp16_bits_to_float(h);
-      default: {
-        float v;
-        std::memcpy(&v, mem.get() + 4 * i, 4);
-        return v;
-      }
-    }
-  }
-  void set(size_t i, float v) {
-    uint16_t h;
-    switch (dtype) {
-      case DType::BF16:
-        h = float_to_bf16_bits(v);
-        std::memcpy(mem.get() + 2 * i, &h, 2);
-        break;
-      case DType::F16:
-        h = float_to_fp16_bits(v);
-        std::memcpy(mem.get() + 2 * i, &h, 2);
-        break;
-      default:
-        std::memcpy(mem.get() + 4 * i, &v, 4);
-    }
-  }
-};
-
-bool same_bytes(const Buf& a, const Buf& b) {
-  if (a.dtype != b.dtype || a.count != b.count) return false;
-  return a.count == 0 || std::memcmp(a.mem.get(), b.mem.get(), a.nbytes()) == 0;
-}
-
-// Values already representable in fmt, stored as fmt (bf16/fp16 bit patterns).
-Buf dev(const std::vector<float>& v, DType s) {
-  Buf b(s, v.size());
-  for (size_t i = 0; i < v.size(); ++i) b.set(i, v[i]);
-  return b;
-}
-Tensor host(const std::vector<float>& v, const Shape& s) {
-  Tensor t = Tensor::empty(s, DType::F32);
-  std::memcpy(t.raw(), v.data(), v.size() * 4);
-  return t;
-}
-
-// Runs `launch_all` (which fills and launches on fresh buffers and returns the outputs)
-// under two schedules; the outputs must be bit-identical, every launch must succeed and
-// pass the emulator's checks, and no CUDA error may be left pending.
-std::vector<Buf> two_schedules(const std::function<std::vector<Buf>()>& launch_all) {
-  std::vector<Buf> first;
-  for (uint64_t seed : {1, 2}) {
-    simt::options().schedule_seed = seed;
-    const uint64_t fails = simt::failures();
-    std::vector<Buf> out;
-    try {
-      out = launch_all();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "seed " << seed << ": " << e.what();
-    }
-    simt::options().schedule_seed = 0;
-    EXPECT_EQ(simt::failures(), fails) << "seed " << seed << ": " << simt::last_failure();
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "seed " << seed << ": " << simt::last_failure();
-    if (seed == 1) {
-      first = out;
-    } else {
-      EXPECT_EQ(out.size(), first.size());
-      for (size_t i = 0; i < std::min(out.size(), first.size()); ++i)
-        EXPECT_TRUE(same_bytes(out[i], first[i])) << "output " << i << " differs between schedules";
-    }
-  }
-  return first;
-}
+using simt_test::Buf;
+using simt_test::dev;
+using simt_test::host;
+using simt_test::same_bytes;
+using simt_test::two_schedules;
 
 // ---------------------------------------------------------------- inputs
 
@@ -234,106 +143,39 @@ Inputs stats_inputs(DType fmt, int B, int NH, int T, uint64_t seed) {
   return in;
 }
 
-// ---------------------------------------------------------------- the CUDA class, mirrored
+// ---------------------------------------------------------------- the CUDA class's plan
 
-// FlashAttentionCuda::scale_of.
-float scale_of(int hs) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs))); }
-
-// The resolved formats, checked as FlashAttentionCuda::resolve does (the kernels implement
-// nothing else).
-AttnNumerics resolve(const AttentionConfig& cfg, DType fmt) {
-  const AttnNumerics n = cfg.numerics(fmt, 0);
-  EXPECT_TRUE(n.qkv == fmt && n.probs == fmt && n.out == fmt && n.grads == fmt &&
-              n.mac == DType::F32 && (n.scores == DType::F32 || n.scores == fmt) &&
-              (n.accum == DType::F32 || n.accum == fmt) && !n.round_ops)
-      << "configuration outside what the CUDA flash kernels implement: " << n.describe();
-  return n;
+// FlashAttentionCuda's launches, through the same host code (cuda/flash_plan.cu): the
+// formats resolved and checked, FwdParams / BwdParams filled, the kernels of the mode.
+// saved: o32 (delta o_fp32, FP32) or the residual (o_split, fmt) or empty; pone: p_one
+// (collect_stats) or empty.
+flash::CallDims call_dims(const Dims& d) {
+  return flash::CallDims{d.B, d.T, d.NH, d.hs};
 }
 
-// FlashAttentionCuda::forward's launch. saved: o32 (delta o_fp32, FP32) or the residual
-// (o_split, fmt) or empty; pone: p_one (collect_stats) or empty.
 void emulated_forward(const AttentionConfig& cfg, const Dims& d, DType fmt, const Buf& qkv,
                       const Buf& out, const Buf& lse, const Buf& saved, const Buf& pone) {
-  const AttnNumerics n = resolve(cfg, fmt);
-  flash::FwdParams p;
-  p.qkv = qkv.p();
-  p.out = out.p();
-  p.lse = lse.f();
-  p.o32 = n.delta == DeltaMode::OFp32 ? saved.f() : nullptr;
-  p.o_lo = n.delta == DeltaMode::OSplit ? saved.p() : nullptr;
-  p.p_one = static_cast<int32_t*>(pone.p());
-  p.B = d.B;
-  p.T = d.T;
-  p.NH = d.NH;
-  p.hs = d.hs;
-  p.causal = cfg.causal;
-  p.scores_low = n.scores != DType::F32;
-  p.scale = scale_of(d.hs);
-  p.beta = cfg.beta;
-  p.tie_tol = cfg.tie_tol;
-  p.cap = stabilized_max_shift(cfg, n.probs);
-  const bool stab = cfg.kind == AttentionKind::StabilizedFlash;
-  const bool acc_low = n.accum != DType::F32;
-  if (fmt == DType::BF16)
-    flash::fwd_bf16(p, cfg.block_q, cfg.block_k, stab, acc_low, nullptr);
-  else
-    flash::fwd_f16(p, cfg.block_q, cfg.block_k, stab, acc_low, nullptr);
+  flash::Buffers b;
+  b.qkv = qkv.p();
+  b.out = out.p();
+  b.lse = lse.f();
+  b.saved = saved.p();
+  b.p_one = static_cast<int32_t*>(pone.p());
+  flash::run_forward(cfg, flash::resolve_numerics(cfg, fmt), fmt, call_dims(d), b, nullptr);
 }
 
-// FlashAttentionCuda::backward's launches: the delta pass of the mode, then dK/dV and dQ.
 void emulated_backward(const AttentionConfig& cfg, const Dims& d, DType fmt, const Buf& qkv,
                        const Buf& dout, const Buf& out, const Buf& lse, const Buf& saved,
                        const Buf& delta, const Buf& dqkv) {
-  const AttnNumerics n = resolve(cfg, fmt);
-  flash::BwdParams p;
-  p.qkv = qkv.p();
-  p.dout = dout.p();
-  p.lse = lse.f();
-  p.delta = delta.f();
-  p.dqkv = dqkv.p();
-  p.B = d.B;
-  p.T = d.T;
-  p.NH = d.NH;
-  p.hs = d.hs;
-  p.causal = cfg.causal;
-  p.scores_low = n.scores != DType::F32;
-  p.scale = scale_of(d.hs);
-  p.block_q = cfg.block_q;
-  p.block_k = cfg.block_k;
-  const bool acc_low = n.accum != DType::F32;
-  cudaStream_t s = nullptr;
-  if (n.delta == DeltaMode::DpP) {
-    if (fmt == DType::BF16) flash::delta_dpp_bf16(p, acc_low, s);
-    else flash::delta_dpp_f16(p, acc_low, s);
-  } else {
-    const int mode = n.delta == DeltaMode::O ? 0 : n.delta == DeltaMode::OSplit ? 1 : 2;
-    flash::delta_o(fmt, mode, acc_low, dout.p(), out.p(), mode == 1 ? saved.p() : nullptr,
-                   mode == 2 ? saved.f() : nullptr, p.delta, p.B, p.T, p.NH, p.hs, s);
-  }
-  if (fmt == DType::BF16) flash::bwd_bf16(p, acc_low, s);
-  else flash::bwd_f16(p, acc_low, s);
-}
-
-// FlashAttentionCuda::collect_stats: the per-row kernel, then the host merge in a fixed
-// order (per (b, h), rows in order; then heads over b).
-std::vector<AttentionHeadStats> merge_stats(const Dims& d, const Buf& pone_buf, const Buf& rs_buf) {
-  static_assert(sizeof(flash::RowStats) == 16, "RowStats is 4 floats");
-  const size_t rows = d.rows();
-  std::vector<int32_t> pone(rows);
-  std::vector<flash::RowStats> rs(rows);
-  std::memcpy(pone.data(), pone_buf.mem.get(), rows * sizeof(int32_t));
-  std::memcpy(rs.data(), rs_buf.mem.get(), rows * sizeof(flash::RowStats));
-  std::vector<AttentionHeadStats> stats(d.NH, AttentionHeadStats{});
-  for (int64_t bh = 0; bh < static_cast<int64_t>(d.B) * d.NH; ++bh) {
-    AttentionHeadStats s;
-    for (int64_t t = 0; t < d.T; ++t) {
-      const size_t r = static_cast<size_t>(bh * d.T + t);
-      s.add_row(rs[r].max_logit, (rs[r].flags & 1) != 0, (rs[r].flags & 2) != 0, pone[r],
-                rs[r].entropy);
-    }
-    stats[bh % d.NH].merge(s);
-  }
-  return stats;
+  flash::Buffers b;
+  b.qkv = qkv.p();
+  b.out = out.p();
+  b.lse = lse.f();
+  b.saved = saved.p();
+  b.dout = dout.p();
+  b.delta = delta.f();
+  b.dqkv = dqkv.p();
+  flash::run_backward(cfg, flash::resolve_numerics(cfg, fmt), fmt, call_dims(d), b, nullptr);
 }
 
 // ---------------------------------------------------------------- the CPU side
@@ -414,12 +256,14 @@ double ulp_at(double x, DType fmt) {
 }
 
 // Prints the figure (in ulps of `unit` at the reference's largest magnitude) and checks it.
-void expect_within(const std::string& name, const char* what, const Err& e, double tol, DType unit) {
+void expect_within(const std::string& name, const char* what, const Err& e, double tol,
+                   DType unit) {
   const double u = ulp_at(e.max_ref, unit);
-  std::printf("simt flash %s %-5s max_abs=%.3e = %7.3f ulp(%s at max|ref| %.3e) tol=%.3e = %.2f ulp "
-              "exact=%zu/%zu%s\n",
-              name.c_str(), what, e.max_abs, u > 0 ? e.max_abs / u : 0.0, dtype_name(unit), e.max_ref,
-              tol, u > 0 ? tol / u : 0.0, e.exact, e.total, e.nonfinite ? " NONFINITE" : "");
+  std::printf(
+      "simt flash %s %-5s max_abs=%.3e = %7.3f ulp(%s at max|ref| %.3e) tol=%.3e = %.2f ulp "
+      "exact=%zu/%zu%s\n",
+      name.c_str(), what, e.max_abs, u > 0 ? e.max_abs / u : 0.0, dtype_name(unit), e.max_ref, tol,
+      u > 0 ? tol / u : 0.0, e.exact, e.total, e.nonfinite ? " NONFINITE" : "");
   EXPECT_FALSE(e.nonfinite) << name << " " << what << ": an element is not finite (unwritten?)";
   EXPECT_LE(e.max_abs, tol) << name << " " << what << ": worst element " << e.worst;
 }
@@ -438,21 +282,24 @@ struct Case {
 
 std::string case_name(const Case& c) {
   std::string s = std::string(dtype_name(c.fmt)) + "_hs" + std::to_string(c.hs) + "_q" +
-                  std::to_string(c.bq) + "k" + std::to_string(c.bk) + (c.stab ? "_stab" : "_flash") +
-                  (c.acc_low ? "_acclow" : "_acc32") + (c.scores_low ? "_sclow" : "_sc32") + "_" +
-                  delta_mode_name(c.delta) + (c.causal ? "_causal" : "_noncausal") + "_T" +
-                  std::to_string(c.T) + "_B" + std::to_string(c.B) + "NH" + std::to_string(c.NH);
+                  std::to_string(c.bq) + "k" + std::to_string(c.bk) +
+                  (c.stab ? "_stab" : "_flash") + (c.acc_low ? "_acclow" : "_acc32") +
+                  (c.scores_low ? "_sclow" : "_sc32") + "_" + delta_mode_name(c.delta) +
+                  (c.causal ? "_causal" : "_noncausal") + "_T" + std::to_string(c.T) + "_B" +
+                  std::to_string(c.B) + "NH" + std::to_string(c.NH);
   return s;
 }
-void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << case_name(c);
+}
 
 // The cases (the same six for bf16 and fp16). Not the cross product: each knob takes each
 // of its values at least once per format, both head sizes and all three forward tiles
 // appear (each tile once per head size), and the emulated cost stays small (the backward's
 // 256-thread blocks dominate; hs 128 costs twice hs 64, so its cases are short).
 //   hs  tiles (bq,bk)  kind  accum  scores  delta    causal     T    B  NH
-//   64  (64, 64)       flash fp32   fp32    o        causal     77   1  2   several q/kv tiles, 2 heads
-//   64  (128, 64)      stab  fp32   low     o_split  noncausal  37   2  1   ties; 2 batches
+//   64  (64, 64)       flash fp32   fp32    o        causal     77   1  2   several q/kv tiles, 2
+//   heads 64  (128, 64)      stab  fp32   low     o_split  noncausal  37   2  1   ties; 2 batches
 //   64  (128, 128)     flash low    fp32    o_fp32   causal     100  1  1   bwd accum flush per 128
 //  128  (64, 64)       stab  low    low     dp_p     causal     37   1  1   ties
 //  128  (128, 64)      flash fp32   fp32    dp_p     noncausal  77   1  1
@@ -480,8 +327,8 @@ std::vector<Case> all_cases() {
   uint64_t seed = 4000;
   for (DType fmt : {DType::BF16, DType::F16})
     for (const Row& r : rows)
-      cases.push_back(Case{fmt, r.hs, r.bq, r.bk, r.stab, r.acc_low, r.scores_low, r.delta, r.causal,
-                           r.T, r.B, r.NH, ++seed});
+      cases.push_back(Case{fmt, r.hs, r.bq, r.bk, r.stab, r.acc_low, r.scores_low, r.delta,
+                           r.causal, r.T, r.B, r.NH, ++seed});
   return cases;
 }
 
@@ -574,7 +421,8 @@ TEST_P(SimtFlash, ForwardBackwardMatchCpu) {
   if (cs.stab) {
     ASSERT_EQ(c.stats.size(), static_cast<size_t>(d.NH));
     int64_t tied = 0, in_tile = 0, rows = 0;
-    for (const AttentionHeadStats& s : c.stats) tied += s.tied_rows, in_tile += s.tied_in_tile, rows += s.rows;
+    for (const AttentionHeadStats& s : c.stats)
+      tied += s.tied_rows, in_tile += s.tied_in_tile, rows += s.rows;
     std::printf("simt flash %s cpu rows=%lld tied=%lld tied_in_tile=%lld\n", name.c_str(),
                 static_cast<long long>(rows), static_cast<long long>(tied),
                 static_cast<long long>(in_tile));
@@ -617,7 +465,8 @@ TEST_P(SimtFlash, ForwardBackwardMatchCpu) {
       for (size_t i = 0; i < o32.size(); ++i) o32[i] += hi[i];
     }
     const Err es = diff(o32, values(c.out));
-    expect_within(name, n.delta == DeltaMode::OFp32 ? "o32" : "o+lo", es, 5 * ulp_at(es.max_ref, fmt), fmt);
+    expect_within(name, n.delta == DeltaMode::OFp32 ? "o32" : "o+lo", es,
+                  5 * ulp_at(es.max_ref, fmt), fmt);
   }
   check_delta(name, cfg, d, fmt, in, out, lse, saved, delta);
   // Gradients within 8 ulps, 16 with the low-precision accumulators; the 1e-5 floor as the
@@ -632,7 +481,9 @@ TEST_P(SimtFlash, ForwardBackwardMatchCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SimtFlash, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return case_name(i.param);
+                         });
 
 // ---------------------------------------------------------------- statistics
 
@@ -659,7 +510,8 @@ TEST_P(SimtFlashStats, RowStatsAndPOneMatchCpu) {
   };
   std::vector<Run> runs;
   runs.push_back({stats_inputs(fmt, 1, 2, 70, 11), true, AttentionKind::StabilizedFlash, true});
-  runs.push_back({random_inputs({1, 70, 2, 64}, fmt, 12, 3.0, false), false, AttentionKind::Flash, false});
+  runs.push_back(
+      {random_inputs({1, 70, 2, 64}, fmt, 12, 3.0, false), false, AttentionKind::Flash, false});
   for (const Run& run : runs) {
     const Dims& d = run.in.d;
     AttentionConfig cfg;
@@ -671,15 +523,14 @@ TEST_P(SimtFlashStats, RowStatsAndPOneMatchCpu) {
                              (run.causal ? " causal" : " noncausal");
     SCOPED_TRACE(name);
     const CpuOut c = run_cpu(*cpu_, cfg, run.in, fmt, false);
-    const AttnNumerics n = cfg.numerics(fmt, 0);
+    const AttnNumerics n = flash::resolve_numerics(cfg, fmt);
     const std::vector<Buf> got = two_schedules([&] {
       const Buf qkv = dev(run.in.qkv, fmt);
       const Buf out(fmt, d.n_out()), lse(DType::F32, d.rows()), pone(DType::I32, d.rows());
       const Buf rs(DType::F32, d.rows() * 4);  // 16-byte flash::RowStats per row
       emulated_forward(cfg, d, fmt, qkv, out, lse, Buf(), pone);
-      flash::row_stats(fmt, qkv.p(), static_cast<flash::RowStats*>(rs.p()), d.B, d.T, d.NH, d.hs,
-                       cfg.causal, n.scores != DType::F32, scale_of(d.hs), cfg.tie_tol,
-                       cfg.block_k, nullptr);
+      flash::run_row_stats(cfg, n, fmt, call_dims(d), qkv.p(),
+                           static_cast<flash::RowStats*>(rs.p()), nullptr);
       return std::vector<Buf>{out, lse, pone, rs};
     });
     ASSERT_EQ(got.size(), 4u);
@@ -688,16 +539,20 @@ TEST_P(SimtFlashStats, RowStatsAndPOneMatchCpu) {
     const Err el = diff(values(got[1]), values(c.lse));
     expect_within(name, "lse", el, 5e-5 * (1 + el.max_ref), DType::F32);
 
-    const std::vector<AttentionHeadStats> g = merge_stats(d, got[2], got[3]);
+    static_assert(sizeof(flash::RowStats) == 16, "RowStats is 4 floats");
+    const std::vector<AttentionHeadStats> g =
+        flash::merge_row_stats(call_dims(d), static_cast<const int32_t*>(got[2].p()),
+                               static_cast<const flash::RowStats*>(got[3].p()));
     ASSERT_EQ(c.stats.size(), static_cast<size_t>(d.NH));
     for (size_t h = 0; h < g.size(); ++h) {
       const AttentionHeadStats &a = g[h], &b = c.stats[h];
-      std::printf("simt flash %s head %zu: rows %lld/%lld tied %lld/%lld in_tile %lld/%lld "
-                  "p_one %lld/%lld max_logit %.9g/%.9g entropy %.12g/%.12g (emulated/cpu)\n",
-                  name.c_str(), h, (long long)a.rows, (long long)b.rows, (long long)a.tied_rows,
-                  (long long)b.tied_rows, (long long)a.tied_in_tile, (long long)b.tied_in_tile,
-                  (long long)a.p_one, (long long)b.p_one, a.max_logit, b.max_logit,
-                  a.mean_entropy(), b.mean_entropy());
+      std::printf(
+          "simt flash %s head %zu: rows %lld/%lld tied %lld/%lld in_tile %lld/%lld "
+          "p_one %lld/%lld max_logit %.9g/%.9g entropy %.12g/%.12g (emulated/cpu)\n",
+          name.c_str(), h, (long long)a.rows, (long long)b.rows, (long long)a.tied_rows,
+          (long long)b.tied_rows, (long long)a.tied_in_tile, (long long)b.tied_in_tile,
+          (long long)a.p_one, (long long)b.p_one, a.max_logit, b.max_logit, a.mean_entropy(),
+          b.mean_entropy());
       EXPECT_EQ(a.rows, b.rows);
       EXPECT_EQ(a.tied_rows, b.tied_rows);
       EXPECT_EQ(a.tied_in_tile, b.tied_in_tile);
@@ -739,7 +594,7 @@ TEST(SimtFlashLaunchers, RejectUnsupportedShapesBeforeLaunching) {
   p.out = out.p();
   p.lse = lse.f();
   p.B = d.B, p.T = d.T, p.NH = d.NH, p.hs = d.hs;
-  p.scale = scale_of(d.hs);
+  p.scale = flash::scale_of(d.hs);
   EXPECT_THROW(flash::fwd_bf16(p, 64, 128, false, false, nullptr), Error);
   EXPECT_THROW(flash::fwd_f16(p, 256, 64, true, false, nullptr), Error);
   p.hs = 32;
@@ -751,7 +606,7 @@ TEST(SimtFlashLaunchers, RejectUnsupportedShapesBeforeLaunching) {
   b.delta = delta.f();
   b.dqkv = dqkv.p();
   b.B = d.B, b.T = d.T, b.NH = d.NH, b.hs = d.hs;
-  b.scale = scale_of(d.hs);
+  b.scale = flash::scale_of(d.hs);
   b.block_q = 96;
   EXPECT_THROW(flash::bwd_bf16(b, true, nullptr), Error);
   EXPECT_THROW(flash::delta_dpp_f16(b, true, nullptr), Error);

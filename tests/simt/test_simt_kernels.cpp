@@ -3,7 +3,7 @@
 // buffers, against the CPU backend (core/cpu_backend.cpp) on the same inputs. Label emu.
 //
 // Inputs are random, non-zero and already representable in the compute format; outputs
-// the kernels overwrite start as poison (0xA5 bytes) so unwritten elements show. Each case
+// the kernels overwrite start as poison (0xFF bytes: NaN) so unwritten elements show. Each case
 // runs under two schedules (seeds 1 and 2: other thread interleavings and block orders),
 // which must give identical bits, and must pass the emulator's shared-memory checks.
 // Tolerances: "exact" where the kernel does the CPU's operations in the CPU's order;
@@ -27,53 +27,18 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/kernels.h"
 #include "simt/simt.h"
+#include "simt/simt_test_util.h"
 
 namespace st {
 namespace {
 
-const DType kFmts[] = {DType::F32, DType::BF16, DType::F16};
+using simt_test::Buf;
+using simt_test::dev;
+using simt_test::host;
+using simt_test::same_bytes;
+using simt_test::two_schedules;
 
-// A device buffer of n elements of storage dtype `s` (host memory under the emulator).
-struct Buf {
-  DType dtype = DType::F32;
-  std::vector<unsigned char> bytes;
-  Buf() = default;
-  Buf(DType s, size_t n) : dtype(s), bytes(n * dtype_size(s), 0xA5) {}
-  void* p() { return bytes.data(); }
-  float* f() { return reinterpret_cast<float*>(bytes.data()); }
-  size_t n() const { return bytes.size() / dtype_size(dtype); }
-  float get(size_t i) const {
-    uint16_t h;
-    switch (dtype) {
-      case DType::BF16:
-        std::memcpy(&h, &bytes[2 * i], 2);
-        return bf16_bits_to_float(h);
-      case DType::F16:
-        std::memcpy(&h, &bytes[2 * i], 2);
-        return fp16_bits_to_float(h);
-      default: {
-        float v;
-        std::memcpy(&v, &bytes[4 * i], 4);
-        return v;
-      }
-    }
-  }
-  void set(size_t i, float v) {
-    uint16_t h;
-    switch (dtype) {
-      case DType::BF16:
-        h = float_to_bf16_bits(v);
-        std::memcpy(&bytes[2 * i], &h, 2);
-        break;
-      case DType::F16:
-        h = float_to_fp16_bits(v);
-        std::memcpy(&bytes[2 * i], &h, 2);
-        break;
-      default:
-        std::memcpy(&bytes[4 * i], &v, 4);
-    }
-  }
-};
+const DType kFmts[] = {DType::F32, DType::BF16, DType::F16};
 
 // Random values scale * N(0,1) + shift, rounded to fmt, never zero.
 std::vector<float> randv(size_t n, DType fmt, uint64_t seed, double scale = 1.0,
@@ -86,19 +51,6 @@ std::vector<float> randv(size_t n, DType fmt, uint64_t seed, double scale = 1.0,
     } while (x == 0.0f);
   }
   return v;
-}
-Tensor host(const std::vector<float>& v, const Shape& s) {
-  Tensor t = Tensor::empty(s, DType::F32);
-  std::memcpy(t.raw(), v.data(), v.size() * 4);
-  return t;
-}
-Buf dev(const std::vector<float>& v, DType s) {
-  Buf b(s, v.size());
-  for (size_t i = 0; i < v.size(); ++i) b.set(i, v[i]);
-  return b;
-}
-DType storage(DType fmt) {
-  return fmt;
 }
 
 double ulp(DType fmt, double x) {
@@ -142,32 +94,6 @@ double compare(const char* what, const Buf& got, const std::vector<float>& want,
 std::vector<float> values(const Tensor& t) {
   const float* p = static_cast<const float*>(t.raw());
   return std::vector<float>(p, p + t.numel());
-}
-
-// Runs `launch_all` (which fills and launches on fresh buffers and returns the outputs)
-// under two schedules; the outputs must be bit-identical and every launch must succeed.
-std::vector<Buf> two_schedules(const std::function<std::vector<Buf>()>& launch_all) {
-  std::vector<Buf> first;
-  for (uint64_t seed : {1, 2}) {
-    simt::options().schedule_seed = seed;
-    const uint64_t fails = simt::failures();
-    std::vector<Buf> out;
-    try {
-      out = launch_all();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "seed " << seed << ": " << e.what();
-    }
-    simt::options().schedule_seed = 0;
-    EXPECT_EQ(simt::failures(), fails) << simt::last_failure();
-    if (seed == 1) {
-      first = out;
-    } else {
-      EXPECT_EQ(out.size(), first.size());
-      for (size_t i = 0; i < std::min(out.size(), first.size()); ++i)
-        EXPECT_TRUE(out[i].bytes == first[i].bytes) << "output " << i << " differs between schedules";
-    }
-  }
-  return first;
 }
 
 class SimtKernels : public ::testing::TestWithParam<DType> {
@@ -224,26 +150,28 @@ TEST_P(SimtKernels, Encoder) {
 TEST_P(SimtKernels, Layernorm) {
   const DType f = GetParam();
   for (const auto& [N, C] : std::vector<std::pair<int, int>>{{67, 100}, {5, 768}}) {
-    auto x = randv(size_t{N} * C, f, 10, 1.0, 0.3), w = randv(C, f, 11, 0.1, 1.0),
+    auto x = randv(static_cast<size_t>(N) * C, f, 10, 1.0, 0.3), w = randv(C, f, 11, 0.1, 1.0),
          b = randv(C, f, 12, 0.1);
     Tensor out = Tensor::empty({N, C}, DType::F32), mean = Tensor::empty({N}, DType::F32),
            rstd = Tensor::empty({N}, DType::F32);
     cpu_->layernorm_forward(out, mean, rstd, host(x, {N, C}), host(w, {C}), host(b, {C}), f);
     auto got = two_schedules([&] {
-      Buf o(f, size_t{N} * C), m(DType::F32, N), r(DType::F32, N), xd = dev(x, f), wd = dev(w, f),
-          bd = dev(b, f);
+      Buf o(f, static_cast<size_t>(N) * C), m(DType::F32, N), r(DType::F32, N),
+          xd = dev(x, f), wd = dev(w, f), bd = dev(b, f);
       cudak::layernorm_forward(o.p(), m.f(), r.f(), xd.p(), wd.p(), bd.p(), N, C, f, nullptr);
       return std::vector<Buf>{o, m, r};
     });
     // Row sums in another order (lane-strided + butterfly vs the CPU's loop): FP32
     // reassociation; out may round to the neighbouring bf16/fp16 value (1 ulp), the floor
     // absorbs x - mean cancelling; rstd: ~sqrt(C) 2^-24 relative (32 FP32 ulps).
-    compare("layernorm_forward out", got[0], values(out), f, Tol{false, f == DType::F32 ? 8.0 : 1.0, 4e-6});
+    compare("layernorm_forward out", got[0], values(out), f,
+            Tol{false, f == DType::F32 ? 8.0 : 1.0, 4e-6});
     compare("layernorm_forward mean", got[1], values(mean), DType::F32, Tol{false, 8, 1e-5});
     compare("layernorm_forward rstd", got[2], values(rstd), DType::F32, Tol{false, 32, 0});
 
-    auto dout = randv(size_t{N} * C, f, 13, 0.1), dx0 = randv(size_t{N} * C, f, 14, 0.1),
-         dw0 = randv(C, f, 15, 0.1), db0 = randv(C, f, 16, 0.1);
+    auto dout = randv(static_cast<size_t>(N) * C, f, 13, 0.1),
+         dx0 = randv(static_cast<size_t>(N) * C, f, 14, 0.1), dw0 = randv(C, f, 15, 0.1),
+         db0 = randv(C, f, 16, 0.1);
     Tensor dx = host(dx0, {N, C}), dw = host(dw0, {C}), db = host(db0, {C});
     cpu_->layernorm_backward(dx, dw, db, host(dout, {N, C}), host(x, {N, C}), host(w, {C}), mean,
                              rstd, f);
@@ -295,7 +223,8 @@ TEST_P(SimtKernels, Elementwise) {
   }
   if (f != DType::F32) {  // round_inplace: FP32 storage rounded to fmt, as core/dtype.h
     auto x = randv(999, DType::F32, 23, 3.0);
-    x[0] = 65520.0f, x[1] = 1e-40f, x[2] = NAN, x[3] = 0x1.0101p0f;  // overflow, subnormal, NaN, tie
+    x[0] = 65520.0f, x[1] = 1e-40f, x[2] = NAN,
+    x[3] = 0x1.0101p0f;  // overflow, subnormal, NaN, tie
     auto got = two_schedules([&] {
       Buf a = dev(x, DType::F32);
       cudak::round_inplace(a.f(), x.size(), f, nullptr);
@@ -325,13 +254,17 @@ TEST(SimtConvert, F32ToAndFrom16BitMatchesCoreDtype) {
   for (DType h : {DType::BF16, DType::F16}) {
     const size_t n = x.size();
     std::vector<uint16_t> want(n), back_want(65536);
-    if (h == DType::BF16) convert_f32_to_bf16(x.data(), want.data(), n);
-    else convert_f32_to_fp16(x.data(), want.data(), n);
+    if (h == DType::BF16)
+      convert_f32_to_bf16(x.data(), want.data(), n);
+    else
+      convert_f32_to_fp16(x.data(), want.data(), n);
     std::vector<uint16_t> all(65536);
     std::iota(all.begin(), all.end(), 0);
     std::vector<float> back(65536);
-    if (h == DType::BF16) convert_bf16_to_f32(all.data(), back.data(), 65536);
-    else convert_fp16_to_f32(all.data(), back.data(), 65536);
+    if (h == DType::BF16)
+      convert_bf16_to_f32(all.data(), back.data(), 65536);
+    else
+      convert_fp16_to_f32(all.data(), back.data(), 65536);
     std::vector<uint16_t> got(n);
     std::vector<float> gback(65536);
     cuda_convert(got.data(), h, x.data(), DType::F32, n, nullptr);
@@ -351,14 +284,14 @@ TEST_P(SimtKernels, Crossentropy) {
   const DType f = GetParam();
   const int N = 7, V = 997, Vp = 1001;
   const float dloss = (f == DType::F16 ? 1024.0f : 1.0f) / N;
-  auto logits = randv(size_t{N} * Vp, f, 30, 2.0);
+  auto logits = randv(static_cast<size_t>(N) * Vp, f, 30, 2.0);
   Tensor tg = Tensor::empty({N}, DType::I32);
   int32_t* t = static_cast<int32_t*>(tg.raw());
   for (int i = 0; i < N; ++i) t[i] = (i * 131) % V;
   Tensor losses = Tensor::empty({N}, DType::F32), dl = Tensor::empty({N, Vp}, DType::F32);
   cpu_->crossentropy_forward_backward(losses, dl, host(logits, {N, Vp}), tg, V, dloss, f);
   auto got = two_schedules([&] {
-    Buf l(DType::F32, N), d(f, size_t{N} * Vp), x = dev(logits, f), l2(DType::F32, N);
+    Buf l(DType::F32, N), d(f, static_cast<size_t>(N) * Vp), x = dev(logits, f), l2(DType::F32, N);
     cudak::crossentropy(l.f(), d.p(), x.p(), t, N, V, Vp, dloss, f, nullptr);
     cudak::crossentropy(l2.f(), x.p(), x.p(), t, N, V, Vp, dloss, f, nullptr);  // in place
     return std::vector<Buf>{l, d, x, l2};
@@ -366,10 +299,11 @@ TEST_P(SimtKernels, Crossentropy) {
   // The softmax sum in a block tree vs the CPU's sequential loop: losses 16 FP32 ulps plus
   // 4e-6 of the largest; dlogits 1 bf16/fp16 ulp (16 in FP32) plus 1e-6 of the largest.
   compare("crossentropy losses", got[0], values(losses), DType::F32, Tol{false, 16, 4e-6});
-  compare("crossentropy dlogits", got[1], values(dl), f, Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-6});
+  compare("crossentropy dlogits", got[1], values(dl), f,
+          Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-6});
   compare("crossentropy dlogits in place", got[2], values(dl), f,
           Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-6});
-  EXPECT_TRUE(got[3].bytes == got[0].bytes) << "in-place losses differ";
+  EXPECT_TRUE(same_bytes(got[3], got[0])) << "in-place losses differ";
 }
 
 // ---------------------------------------------------------------- reductions
@@ -379,11 +313,11 @@ TEST_P(SimtKernels, Reductions) {
   // column sums (dbias): N <= 64 is exactly the CPU's row order; N = 200: chunks of 64
   for (int N : {37, 200}) {
     const int OC = 300;
-    auto dout = randv(size_t{N} * OC, f, 40, 0.1), db0 = randv(OC, f, 41, 0.1);
+    auto dout = randv(static_cast<size_t>(N) * OC, f, 40, 0.1), db0 = randv(OC, f, 41, 0.1);
     std::vector<float> want(OC);
     for (int j = 0; j < OC; ++j) {
       float s = 0;
-      for (int i = 0; i < N; ++i) s += dout[size_t{i} * OC + j];
+      for (int i = 0; i < N; ++i) s += dout[static_cast<size_t>(i) * OC + j];
       want[j] = round_to(f, db0[j] + s);
     }
     auto got = two_schedules([&] {
@@ -392,7 +326,8 @@ TEST_P(SimtKernels, Reductions) {
       return std::vector<Buf>{db};
     });
     compare(N <= cudak::kColChunk ? "colsum (row order: exact)" : "colsum (chunks of 64)", got[0],
-            want, f, N <= cudak::kColChunk ? kExact : Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-5});
+            want, f,
+            N <= cudak::kColChunk ? kExact : Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-5});
   }
   // sum of squares: FP64, chunks of 64K as the CPU, another order inside: relative 2 n 2^-53
   const size_t n = (size_t{1} << 17) + 12345;
@@ -436,8 +371,8 @@ TEST_P(SimtKernels, AdamW) {
   Tensor master = host(master0, s), m = host(m0, s), v = host(v0, s),
          param = Tensor::empty(s, DType::F32);
   cpu_->adamw_update(master, param, host(grad, s), m, v, a, f);
-  const auto sc = cudak::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step,
-                                       a.grad_scale);
+  const auto sc =
+      cudak::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale);
   auto got = two_schedules([&] {
     Buf md = dev(master0, DType::F32), p(f, n), g = dev(grad, f), mm = dev(m0, DType::F32),
         vv = dev(v0, DType::F32);
@@ -473,7 +408,8 @@ void softmax_ref(const std::vector<float>& S, int rows, int T, int ld, bool caus
     }
     for (int s = 0; s < ld; ++s)
       P[size_t{static_cast<size_t>(r)} * ld + s] =
-          s < n ? round_to(f, static_cast<float>(e[s] / static_cast<double>(sum))) : (s < T ? 0.0f : x[s]);
+          s < n ? round_to(f, static_cast<float>(e[s] / static_cast<double>(sum)))
+                : (s < T ? 0.0f : x[s]);
     lse[r] = static_cast<float>(mx + std::log(static_cast<double>(sum)));
   }
 }
@@ -506,23 +442,26 @@ TEST_P(SimtKernels, SoftmaxRowsAndHeadPermutes) {
     unsetenv("STABLETRAIN_ATTN_NO_ROW_CACHE");
     ASSERT_EQ(cached.size(), 2u);
     ASSERT_EQ(uncached.size(), 2u);
-    EXPECT_TRUE(cached[0].bytes == uncached[0].bytes) << "cached and uncached P differ";
-    EXPECT_TRUE(cached[1].bytes == uncached[1].bytes) << "cached and uncached lse differ";
+    EXPECT_TRUE(same_bytes(cached[0], uncached[0])) << "cached and uncached P differ";
+    EXPECT_TRUE(same_bytes(cached[1], uncached[1])) << "cached and uncached lse differ";
 
     // backward rows: dS = round(P (dP - delta)), delta = FP32 sum of dP P (order differs)
     const int BH = 2, T = 29, ld = 32, rows = BH * T;
-    auto dP = randv(size_t{rows} * ld, f, 70, 0.5);
-    std::vector<float> Pv(size_t{rows} * ld, 0.0f);
-    auto pr = randv(size_t{rows} * ld, f, 71, 0.1);
+    auto dP = randv(static_cast<size_t>(rows) * ld, f, 70, 0.5);
+    std::vector<float> Pv(static_cast<size_t>(rows) * ld, 0.0f);
+    auto pr = randv(static_cast<size_t>(rows) * ld, f, 71, 0.1);
     for (int r = 0; r < rows; ++r)
-      for (int s = 0; s < (causal ? r % T + 1 : T); ++s) Pv[size_t{r} * ld + s] = std::fabs(pr[size_t{r} * ld + s]);
+      for (int s = 0; s < (causal ? r % T + 1 : T); ++s)
+        Pv[static_cast<size_t>(r) * ld + s] = std::fabs(pr[static_cast<size_t>(r) * ld + s]);
     std::vector<float> dS(dP);
     for (int r = 0; r < rows; ++r) {
       const int n = causal ? r % T + 1 : T;
       float delta = 0;
-      for (int s = 0; s < n; ++s) delta = std::fma(dP[size_t{r} * ld + s], Pv[size_t{r} * ld + s], delta);
+      for (int s = 0; s < n; ++s)
+        delta = std::fma(dP[static_cast<size_t>(r) * ld + s], Pv[static_cast<size_t>(r) * ld + s],
+                         delta);
       for (int s = 0; s < T; ++s) {
-        const size_t i = size_t{r} * ld + s;
+        const size_t i = static_cast<size_t>(r) * ld + s;
         dS[i] = s < n ? round_to(f, static_cast<float>(static_cast<double>(Pv[i]) *
                                                        (static_cast<double>(dP[i]) - delta)))
                       : 0.0f;
@@ -542,9 +481,9 @@ TEST_P(SimtKernels, SoftmaxRowsAndHeadPermutes) {
   auto packed = randv(size_t{B} * T * stride, f, 80);
   auto got = two_schedules([&] {
     Buf heads(f, size_t{B} * NH * T * ld), src = dev(packed, f), back = dev(packed, f);
-    std::memset(heads.p(), 0, heads.bytes.size());
+    std::memset(heads.p(), 0, heads.nbytes());
     cudak::attn_split_heads(heads.p(), src.p(), B, T, NH, hs, ld, stride, C, f, nullptr);
-    std::memset(back.p(), 0, back.bytes.size());
+    std::memset(back.p(), 0, back.nbytes());
     cudak::attn_merge_heads(back.p(), heads.p(), B, T, NH, hs, ld, stride, C, f, nullptr);
     return std::vector<Buf>{heads, back};
   });

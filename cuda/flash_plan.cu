@@ -1,0 +1,132 @@
+// The host-side plan of a flash attention call (see flash_plan.h): the one place where an
+// AttentionConfig becomes FwdParams / BwdParams and launcher calls.
+#include <cmath>
+
+#include "attention/head_cpu.h"
+#include "core/error.h"
+#include "cuda/flash_plan.h"
+
+namespace st::flash {
+
+float scale_of(int hs) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+}
+
+AttnNumerics resolve_numerics(const AttentionConfig& cfg, DType fmt) {
+  const char* kind = attention_kind_name(cfg.kind);
+  if (fmt != DType::BF16 && fmt != DType::F16)
+    fail("attention.kind = ", kind, " on the GPU needs a bf16 or fp16 compute format (got ",
+         dtype_name(fmt), "); use attention.kind: baseline for ", dtype_name(fmt));
+  const AttnNumerics n = cfg.numerics(fmt, 0);  // fp32_out_heads is refused: every head alike
+  auto must_be_fmt = [&](DType got, const char* key) {
+    if (got != fmt)
+      fail("attention.", key, " = ", dtype_name(got),
+           " is not supported by the CUDA flash kernels (it must be the compute format, ",
+           dtype_name(fmt), ")");
+  };
+  must_be_fmt(n.qkv, "qkv");
+  must_be_fmt(n.probs, "probs");
+  must_be_fmt(n.out, "out");
+  must_be_fmt(n.grads, "grads");
+  if (n.mac != DType::F32)
+    fail("attention.mac = ", dtype_name(n.mac),
+         " is not supported by the CUDA flash kernels (fp32)");
+  if (n.scores != DType::F32 && n.scores != fmt)
+    fail("attention.scores = ", dtype_name(n.scores),
+         " is not supported by the CUDA flash kernels (fp32 or the compute format, ",
+         dtype_name(fmt), ")");
+  if (n.accum != DType::F32 && n.accum != fmt)
+    fail("attention.accum = ", dtype_name(n.accum),
+         " is not supported by the CUDA flash kernels (fp32 or the compute format, ",
+         dtype_name(fmt), ")");
+  if (n.round_ops) fail("attention.rule = ", rounding_rule_name(cfg.rule), " is CPU only");
+  return n;
+}
+
+void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, const CallDims& d,
+                 const Buffers& b, cudaStream_t s) {
+  FwdParams p;
+  p.qkv = b.qkv;
+  p.out = b.out;
+  p.lse = b.lse;
+  p.o32 = n.delta == DeltaMode::OFp32 ? static_cast<float*>(b.saved) : nullptr;
+  p.o_lo = n.delta == DeltaMode::OSplit ? b.saved : nullptr;
+  p.p_one = b.p_one;
+  p.B = d.B;
+  p.T = d.T;
+  p.NH = d.NH;
+  p.hs = d.hs;
+  p.causal = cfg.causal;
+  p.scores_low = n.scores != DType::F32;
+  p.scale = scale_of(d.hs);
+  p.beta = cfg.beta;
+  p.tie_tol = cfg.tie_tol;
+  p.cap = stabilized_max_shift(cfg, n.probs);
+  const bool stab = cfg.kind == AttentionKind::StabilizedFlash;
+  const bool acc_low = n.accum != DType::F32;
+  if (fmt == DType::BF16)
+    fwd_bf16(p, cfg.block_q, cfg.block_k, stab, acc_low, s);
+  else
+    fwd_f16(p, cfg.block_q, cfg.block_k, stab, acc_low, s);
+}
+
+void run_backward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, const CallDims& d,
+                  const Buffers& b, cudaStream_t s) {
+  BwdParams p;
+  p.qkv = b.qkv;
+  p.dout = b.dout;
+  p.lse = b.lse;
+  p.delta = b.delta;
+  p.dqkv = b.dqkv;
+  p.B = d.B;
+  p.T = d.T;
+  p.NH = d.NH;
+  p.hs = d.hs;
+  p.causal = cfg.causal;
+  p.scores_low = n.scores != DType::F32;
+  p.scale = scale_of(d.hs);
+  p.block_q = cfg.block_q;
+  p.block_k = cfg.block_k;
+  const bool acc_low = n.accum != DType::F32;
+  if (n.delta == DeltaMode::DpP) {
+    if (fmt == DType::BF16)
+      delta_dpp_bf16(p, acc_low, s);
+    else
+      delta_dpp_f16(p, acc_low, s);
+  } else {
+    ST_CHECK(n.delta == DeltaMode::O || n.delta == DeltaMode::OSplit || n.delta == DeltaMode::OFp32,
+             "attention.delta = ", delta_mode_name(n.delta),
+             " is CPU only; the CUDA flash kernels support o, o_split, o_fp32 and dp_p");
+    const int mode = n.delta == DeltaMode::O ? 0 : n.delta == DeltaMode::OSplit ? 1 : 2;
+    delta_o(fmt, mode, acc_low, b.dout, b.out, mode == 1 ? b.saved : nullptr,
+            mode == 2 ? static_cast<const float*>(b.saved) : nullptr, p.delta, p.B, p.T, p.NH, p.hs,
+            s);
+  }
+  if (fmt == DType::BF16)
+    bwd_bf16(p, acc_low, s);
+  else
+    bwd_f16(p, acc_low, s);
+}
+
+void run_row_stats(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, const CallDims& d,
+                   const void* qkv, RowStats* rs, cudaStream_t s) {
+  row_stats(fmt, qkv, rs, d.B, d.T, d.NH, d.hs, cfg.causal, n.scores != DType::F32, scale_of(d.hs),
+            cfg.tie_tol, cfg.block_k, s);
+}
+
+std::vector<AttentionHeadStats> merge_row_stats(const CallDims& d, const int32_t* p_one,
+                                                const RowStats* rs) {
+  std::vector<AttentionHeadStats> stats(d.NH, AttentionHeadStats{});
+  for (int64_t bh = 0; bh < int64_t{d.B} * d.NH; ++bh) {
+    AttentionHeadStats h;
+    for (int64_t t = 0; t < d.T; ++t) {
+      const size_t r = static_cast<size_t>(bh * d.T + t);
+      h.add_row(rs[r].max_logit, (rs[r].flags & 1) != 0, (rs[r].flags & 2) != 0, p_one[r],
+                rs[r].entropy);
+    }
+    stats[bh % d.NH].merge(h);
+  }
+  return stats;
+}
+
+}  // namespace st::flash
