@@ -43,6 +43,20 @@ AttnNumerics resolve_numerics(const AttentionConfig& cfg, DType fmt) {
   return n;
 }
 
+namespace {
+// The fields FwdParams and BwdParams share: the call's shape and scores.
+template <class P>
+void set_shape(P& p, const AttentionConfig& cfg, const AttnNumerics& n, const CallDims& d) {
+  p.B = d.B;
+  p.T = d.T;
+  p.NH = d.NH;
+  p.hs = d.hs;
+  p.causal = cfg.causal;
+  p.scores_low = n.scores != DType::F32;
+  p.scale = scale_of(d.hs);
+}
+}  // namespace
+
 void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, const CallDims& d,
                  const Buffers& b, cudaStream_t s) {
   FwdParams p;
@@ -52,13 +66,7 @@ void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, c
   p.o32 = n.delta == DeltaMode::OFp32 ? static_cast<float*>(b.saved) : nullptr;
   p.o_lo = n.delta == DeltaMode::OSplit ? b.saved : nullptr;
   p.p_one = b.p_one;
-  p.B = d.B;
-  p.T = d.T;
-  p.NH = d.NH;
-  p.hs = d.hs;
-  p.causal = cfg.causal;
-  p.scores_low = n.scores != DType::F32;
-  p.scale = scale_of(d.hs);
+  set_shape(p, cfg, n, d);
   p.beta = cfg.beta;
   p.tie_tol = cfg.tie_tol;
   p.cap = stabilized_max_shift(cfg, n.probs);
@@ -78,13 +86,7 @@ void run_backward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, 
   p.lse = b.lse;
   p.delta = b.delta;
   p.dqkv = b.dqkv;
-  p.B = d.B;
-  p.T = d.T;
-  p.NH = d.NH;
-  p.hs = d.hs;
-  p.causal = cfg.causal;
-  p.scores_low = n.scores != DType::F32;
-  p.scale = scale_of(d.hs);
+  set_shape(p, cfg, n, d);
   p.block_q = cfg.block_q;
   p.block_k = cfg.block_k;
   const bool acc_low = n.accum != DType::F32;
