@@ -14,6 +14,7 @@
 #include "analysis/weight_distance.h"
 #include "attention/head_cpu.h"
 #include "core/error.h"
+#include "train/run_io.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -259,22 +260,11 @@ struct Reader {
 constexpr uint64_t kStateMagic = 0x31305354484f4f4bull;  // "KOOHTS01"
 
 // Keeps the header and the lines whose step (first CSV field, or "step" of a JSON line)
-// is <= step; a partial last line (a crash while writing) is dropped too.
+// is <= step, atomically (run_io.h); a partial last line (a crash while writing) is dropped.
 void truncate_after(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;
   const bool jsonl = path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
-  std::vector<std::string> keep;
-  std::string line;
-  bool first = true;
-  while (std::getline(in, line)) {
-    if (in.eof()) break;  // no trailing newline: a partial line
-    if (first && !jsonl) {
-      keep.push_back(line);
-      first = false;
-      continue;
-    }
-    first = false;
+  rewrite_lines_atomic(path, [&](const std::string& line, size_t i) {
+    if (i == 0 && !jsonl) return true;  // the CSV header
     int64_t s = -1;
     if (jsonl) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
@@ -284,11 +274,8 @@ void truncate_after(const std::string& path, int64_t step) {
       const auto [p, ec] = std::from_chars(line.data(), line.data() + line.size(), s);
       if (ec != std::errc() || p == line.data()) s = -1;
     }
-    if (s >= 0 && s <= step) keep.push_back(line);
-  }
-  in.close();
-  std::ofstream out(path, std::ios::trunc);
-  for (const auto& l : keep) out << l << "\n";
+    return s >= 0 && s <= step;
+  });
 }
 
 const char* const kFiles[] = {"spectral.csv",  "grad_norms.csv",  "attn_stats.csv",
@@ -304,7 +291,7 @@ struct StabilityHooks::Impl {
   std::vector<WeightSlice> slices;    // with heads
   std::vector<size_t> matrices;       // indices into slices: 2-D (rows, cols > 1)
   std::vector<std::vector<double>> power;  // warm-start vector per matrix
-  std::map<std::string, std::unique_ptr<std::ofstream>> files;
+  std::map<std::string, LogFile> files;  // checked appends (run_io.h)
   int L, NH, C, hs;
   SpikeDetector loss_z, gnorm_z;
   DeltaDriftTracker drift;
@@ -325,16 +312,10 @@ struct StabilityHooks::Impl {
     power.assign(matrices.size(), {});
   }
 
-  std::ofstream& file(const std::string& name, const char* header) {
-    auto& f = files[name];
-    if (!f) {
-      const std::string path = dir + "/" + name;
-      const bool fresh = !fs::exists(path) || fs::file_size(path) == 0;
-      f = std::make_unique<std::ofstream>(path, std::ios::app);
-      ST_CHECK(*f, "cannot open ", path, " for writing");
-      if (fresh && header) *f << header << "\n";
-    }
-    return *f;
+  LogFile& file(const std::string& name, const char* header) {
+    auto it = files.find(name);
+    if (it == files.end()) it = files.emplace(name, LogFile(dir + "/" + name, header)).first;
+    return it->second;
   }
 
   void spectral(int64_t step) {
@@ -351,7 +332,7 @@ struct StabilityHooks::Impl {
       if (slices[matrices[k]].numel() < kParallelNumel)
         res[k] = spectral_norm(slices[matrices[k]], w.data(), power[k], h.power_tol,
                                h.power_iters, k);
-    std::ofstream& f = file("spectral.csv", "step,layer,head,matrix,sigma,iters,converged");
+    LogFile& f = file("spectral.csv", "step,layer,head,matrix,sigma,iters,converged");
     int unconverged = 0;
     for (size_t k = 0; k < matrices.size(); ++k) {
       const WeightSlice& s = slices[matrices[k]];
@@ -372,7 +353,7 @@ struct StabilityHooks::Impl {
     model.backend().copy(host, g);
     const double* p = host.data<double>();
     const double scale = model.loss_scaler().enabled() ? model.loss_scaler().scale() : 1.0;
-    std::ofstream& f = file("grad_norms.csv", "step,tensor,layer,head,norm");
+    LogFile& f = file("grad_norms.csv", "step,tensor,layer,head,norm");
     for (const WeightSlice& s : slices) {
       double ss = 0;
       for (int64_t r = 0; r < s.rows; ++r)
@@ -387,7 +368,7 @@ struct StabilityHooks::Impl {
   }
 
   void attn_stats(int64_t step) {
-    std::ofstream& f = file("attn_stats.csv", "step,layer,head,stat,value");
+    LogFile& f = file("attn_stats.csv", "step,layer,head,stat,value");
     for (int l = 0; l < L; ++l) {
       const auto& st = model.attention(l).stats();
       if (static_cast<int>(st.size()) != NH) {
@@ -438,7 +419,7 @@ struct StabilityHooks::Impl {
 
   void write_drift() {
     // The backward visits layers last to first; the file lists them first to last.
-    std::ofstream& f = file("delta_drift.csv",
+    LogFile& f = file("delta_drift.csv",
                             "step,layer,head,delta_drift,delta_drift_cum,delta_abs_err,"
                             "dwq_err_norm,dwq_rel_err,dwq_cos_prev");
     for (int l = 0; l < L; ++l)
@@ -471,7 +452,7 @@ struct StabilityHooks::Impl {
                 path, ref.master.size(), w.size());
       return;
     }
-    std::ofstream& f = file("wasserstein.csv", kDistanceCsvHeader);
+    LogFile& f = file("wasserstein.csv", kDistanceCsvHeader);
     for (const DistanceRow& r : weight_distances(model.config(), w, ref.master))
       f << distance_csv_line(step, r) << "\n";
     f.flush();
@@ -745,7 +726,7 @@ void StabilityHooks::event(int64_t s, const std::string& name,
                            const nlohmann::ordered_json& fields) {
   nlohmann::ordered_json j = {{"step", s}, {"event", name}};
   for (auto it = fields.begin(); it != fields.end(); ++it) j[it.key()] = it.value();
-  std::ofstream& f = impl_->file("events.jsonl", nullptr);
+  LogFile& f = impl_->file("events.jsonl", nullptr);
   f << j.dump() << "\n";
   f.flush();
 }

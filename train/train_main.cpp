@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
   }
   try {
     const st::Config cfg = st::load_config(config_path, sets);
-    st::run_training(cfg, opt);
+    const st::TrainResult r = st::run_training(cfg, opt);
+    if (r.stop_signal) return 128 + r.stop_signal;  // as a shell reports a signal's end
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;

@@ -21,12 +21,14 @@
 #include "train/trainer.h"
 
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +49,7 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/hooks.h"
+#include "train/run_io.h"
 
 namespace fs = std::filesystem;
 
@@ -249,9 +252,12 @@ struct ReportedError : Error {
 };
 
 // STABLETRAIN_FAULT=RANK:STEP:WHERE:MODE (tests of failure handling, docs/distributed.md):
-// rank RANK, at step STEP, WHERE = step (start of the step) or ckpt (after writing its
-// checkpoint shard), MODE = exit (dies at once, no MPI cleanup), hang (sleeps forever) or
-// error (throws, like a failed write).
+// rank RANK, at step STEP, WHERE = step (start of the step), ckpt (after writing its
+// checkpoint shard, before the main file), ckpt_written (after the main file, before its
+// metrics record) or resume (STEP = the checkpoint's step: after the logs were cut back to
+// it, before the checkpoint record is re-derived); MODE = exit (dies at once, no MPI
+// cleanup), kill (SIGKILL to itself), hang (sleeps forever) or error (throws, like a failed
+// write).
 void inject_fault(int rank, int64_t step, const char* where) {
   static const std::string spec = [] {
     const char* v = std::getenv("STABLETRAIN_FAULT");
@@ -259,12 +265,20 @@ void inject_fault(int rank, int64_t step, const char* where) {
   }();
   if (spec.empty()) return;
   const auto parts = split(spec, ':');
+  auto num = [&](const std::string& v) {
+    int64_t x = 0;
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || p != v.data() + v.size())
+      fail("STABLETRAIN_FAULT='", spec, "': '", v, "' is not an integer");
+    return x;
+  };
   if (parts.size() != 4) fail("STABLETRAIN_FAULT='", spec, "': expected RANK:STEP:WHERE:MODE");
-  if (std::stoi(parts[0]) != rank || std::stoll(parts[1]) != step || parts[2] != where) return;
+  if (num(parts[0]) != rank || num(parts[1]) != step || parts[2] != where) return;
   std::fprintf(stderr, "train: rank %d: injected fault at step %lld (%s): %s\n", rank,
                static_cast<long long>(step), where, parts[3].c_str());
   std::fflush(stderr);
   if (parts[3] == "exit") std::_Exit(17);
+  if (parts[3] == "kill") std::raise(SIGKILL);  // crash-consistency tests: no cleanup at all
   if (parts[3] == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   fail("injected failure at step ", step, " (", where, "; STABLETRAIN_FAULT)");
@@ -281,6 +295,26 @@ size_t rss_bytes(const char* field = "VmHWM:") {
 bool uses_cuda(const Config& cfg) {
   return cfg.device == "cuda" || (cfg.device == "auto" && cuda_available());
 }
+
+// train.log through a LogFile: every line is one checked write(2). spdlog hands a sink's
+// exception to the logger's error handler (Run records it; the step loop stops on it), so a
+// full disk never cuts the log silently.
+class CheckedFileSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit CheckedFileSink(const std::string& path) : file_(path) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t out;
+    formatter_->format(msg, out);
+    file_ << std::string_view(out.data(), out.size());
+    file_.flush();
+  }
+  void flush_() override { file_.flush(); }
+
+ private:
+  LogFile file_;
+};
 
 class Run {
  public:
@@ -346,8 +380,11 @@ class Run {
   Rng rng_;
   int64_t step_ = 0;
   double elapsed_prev_ = 0;  // seconds from earlier invocations (resume)
-  std::ofstream metrics_;
+  LogFile metrics_;
+  std::unique_ptr<RunDirLock> lock_;  // rank 0: held from prepare_dir to the end
+  std::string log_error_;             // the first failed write to train.log
   std::string last_ckpt_ = "(none)";
+  int64_t last_ckpt_step_ = -1;
   std::vector<float> master_cache_;
 };
 
@@ -458,10 +495,26 @@ void Run::prepare_dir() {
   dir_ = cfg_.run.out_dir;
   ST_CHECK(!dir_.empty(), "run.out_dir is empty");
   on_lead([&] {
+    // Files of the run, the lock file aside (it stays behind, unlocked, after a run).
+    auto has_run_files = [&] {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(dir_, ec))
+        if (e.path().filename() != RunDirLock::kFileName) return true;
+      return false;
+    };
     const bool exists = fs::exists(dir_);
-    const bool nonempty = exists && !fs::is_empty(dir_);
     if (exists && !fs::is_directory(dir_))
       fail("run.out_dir: '", dir_, "' exists and is not a directory");
+    auto refuse_nonempty = [&] {
+      fail("run directory '", dir_, "' already exists and is not empty (use --resume to "
+           "continue it, --overwrite to delete it and start over, or --set run.out_dir=NEW)");
+    };
+    // Refused before the lock file is created in someone's directory; checked again below,
+    // under the lock, against a process that got there first.
+    if (exists && !opt_.resume && !opt_.overwrite && has_run_files()) refuse_nonempty();
+    fs::create_directories(dir_);
+    lock_ = std::make_unique<RunDirLock>(dir_);
+    const bool nonempty = has_run_files();
     if (opt_.resume) {
       resume_from_ = nonempty ? latest_checkpoint(dir_) : "";
       if (resume_from_.empty())
@@ -470,12 +523,10 @@ void Run::prepare_dir() {
       return;
     }
     if (nonempty) {
-      if (!opt_.overwrite)
-        fail("run directory '", dir_, "' already exists and is not empty (use --resume to "
-             "continue it, --overwrite to delete it and start over, or --set run.out_dir=NEW)");
-      fs::remove_all(dir_);
+      if (!opt_.overwrite) refuse_nonempty();
+      for (const auto& e : fs::directory_iterator(dir_))  // all but the lock we hold
+        if (e.path().filename() != RunDirLock::kFileName) fs::remove_all(e.path());
     }
-    fs::create_directories(dir_);
   });
   resume_from_ = share_string(resume_from_);
 }
@@ -483,12 +534,15 @@ void Run::prepare_dir() {
 void Run::open_logs() {
   std::vector<spdlog::sink_ptr> sinks;  // ranks other than 0 log nothing
   if (lead()) {
-    sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(dir_ + "/train.log", false));
+    sinks.push_back(std::make_shared<CheckedFileSink>(dir_ + "/train.log"));
     if (opt_.console) sinks.push_back(std::make_shared<spdlog::sinks::stdout_sink_mt>());
   }
   log_ = std::make_shared<spdlog::logger>("train", sinks.begin(), sinks.end());
   log_->set_pattern("[%Y-%m-%d %H:%M:%S.%e] %v");
   log_->flush_on(spdlog::level::info);
+  log_->set_error_handler([this](const std::string& msg) {
+    if (log_error_.empty()) log_error_ = msg;
+  });
 }
 
 void Run::build() {
@@ -620,7 +674,8 @@ void Run::remove_checkpoint(int64_t step, const std::string& main_path) {
 // and temporary files of interrupted writes.
 void Run::remove_orphans() {
   const std::regex shard_re("ckpt_([0-9]{8})\\.rank[0-9]+\\.bin");
-  const std::regex tmp_re("(spike_)?ckpt_[0-9]{8}(\\.rank[0-9]+)?\\.bin\\.tmp\\.[0-9]+");
+  const std::regex tmp_re("((spike_)?ckpt_[0-9]{8}(\\.rank[0-9]+)?\\.bin|metrics\\.jsonl|config\\."
+                          "yaml|events\\.jsonl|[a-z_]+\\.csv)\\.tmp\\.[0-9]+");
   std::error_code ec;
   std::vector<fs::path> gone;
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
@@ -697,22 +752,44 @@ void Run::restore(const std::string& path) {
   rng_.set_state(pod_from<Rng::State>(s.rng_state, "rng_state", path));
   train_loader_->set_state(pod_from<DataLoader::State>(s.data_state, "data_state", path));
   step_ = s.step;
-  elapsed_prev_ = s.elapsed_s;
+  elapsed_prev_ = s.elapsed_s;  // format versions 1..2; later ones: from metrics.jsonl below
   last_ckpt_ = path;
+  last_ckpt_step_ = s.step;
   if (!lead()) return;
   hooks_->resume(s.step, s.hooks_state);
   remove_orphans();
-  // Keep the metrics of the steps the checkpoint covers; later lines are being redone.
+  // Keep the metrics of the steps the checkpoint covers; later lines are being redone. Cut
+  // atomically (run_io.h): a crash here leaves the old file or the cut one.
   const std::string mpath = dir_ + "/metrics.jsonl";
-  std::vector<std::string> keep;
-  std::ifstream in(mpath);
-  for (std::string line; std::getline(in, line);) {
+  bool has_record = false;
+  double elapsed_at = -1;
+  rewrite_lines_atomic(mpath, [&](const std::string& line, size_t) {
     const auto j = nlohmann::ordered_json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("step", int64_t{0}) <= step_) keep.push_back(line);
+    if (j.is_discarded() || !j.is_object()) return false;
+    const auto st = j.find("step");
+    if (st == j.end() || !st->is_number_integer() || st->get<int64_t>() > step_) return false;
+    if (st->get<int64_t>() == step_) {
+      if (j.contains("checkpoint")) has_record = true;
+      const auto e = j.find("elapsed");
+      if (e != j.end() && e->is_number()) elapsed_at = e->get<double>();
+    }
+    return true;
+  });
+  if (elapsed_at >= 0) elapsed_prev_ = elapsed_at;  // the run's wall time at the checkpoint
+  inject_fault(rank_, step_, "resume");
+  // A crash between the checkpoint's rename and its metrics record lost the record: write it
+  // now, as the uninterrupted run did.
+  if (!has_record && fs::path(path).filename() == checkpoint_name(step_)) {
+    LogFile m(mpath);
+    m << nlohmann::ordered_json{{"step", step_},
+                                {"checkpoint", checkpoint_name(step_)},
+                                {"weights_sha256", sha256_hex(s.master.data(), s.master.size())}}
+                .dump()
+      << "\n";
+    m.close();
+    log_->warn("resume: the metrics record of {} was missing (a crash right after the "
+               "checkpoint was written); added", checkpoint_name(step_));
   }
-  in.close();
-  std::ofstream out(mpath, std::ios::trunc);
-  for (const auto& l : keep) out << l << "\n";
 }
 
 CheckpointState Run::checkpoint_state(int64_t step, double elapsed_s) const {
@@ -785,12 +862,21 @@ void Run::save_spike_snapshot(int64_t step, double elapsed_s, const DataLoader::
 }
 
 std::string Run::save(int64_t step, double elapsed_s) {
+  // The hooks' rows of a checkpoint come first: once the checkpoint exists, everything up
+  // to its step is on disk (a crash after it loses nothing a resume would not redo).
+  if (!cfg_.hooks.reference_run.empty()) {
+    if (master_is_sharded()) refresh_master_cache();  // the hooks read rank 0's cache
+    if (lead()) hooks_->at_checkpoint(step);
+  }
   const std::string sha =
       write_checkpoint(checkpoint_name(step), step, elapsed_s, train_loader_->state());
   const std::string path = dir_ + "/" + checkpoint_name(step);
   last_ckpt_ = path;
+  last_ckpt_step_ = step;
   if (!lead()) return sha;
+  inject_fault(rank_, step, "ckpt_written");
   log_->info("checkpoint {} (step {}), weights sha256 {}", path, step, sha);
+  // (A crash right here loses this record; --resume writes it again: Run::restore.)
   write_metrics({{"step", step}, {"checkpoint", checkpoint_name(step)}, {"weights_sha256", sha}});
   if (cfg_.train.keep_checkpoints > 0) {
     auto all = list_checkpoints(dir_);
@@ -799,7 +885,6 @@ std::string Run::save(int64_t step, double elapsed_s) {
       all.erase(all.begin());
     }
   }
-  hooks_->at_checkpoint(step);
   return sha;
 }
 
@@ -862,10 +947,14 @@ std::string Run::sample() {
 void Run::write_metrics(const nlohmann::ordered_json& j) {
   if (!lead()) return;
   metrics_ << j.dump() << "\n";
-  metrics_.flush();
+  metrics_.flush();  // one checked write(2) per line (run_io.h)
 }
 
 TrainResult Run::go() {
+  struct SignalGuard {  // SIGINT/SIGTERM stop the run after a step (run_io.h)
+    SignalGuard() { stop_signal::install(); }
+    ~SignalGuard() { stop_signal::uninstall(); }
+  } signals;
   setup_dist();
   build();  // everything that can be refused (config, data, model) before any file is written
   prepare_dir();
@@ -873,9 +962,8 @@ TrainResult Run::go() {
   hooks_ = std::make_unique<StabilityHooks>(cfg_, *model_, dir_, log_);
   if (!resume_from_.empty()) restore(resume_from_);
   if (lead()) {
-    std::ofstream c(dir_ + "/config.yaml");
-    c << config_to_yaml(cfg_);
-    metrics_.open(dir_ + "/metrics.jsonl", std::ios::app);
+    write_file_atomic(dir_ + "/config.yaml", config_to_yaml(cfg_));
+    metrics_ = LogFile(dir_ + "/metrics.jsonl");
   }
   const auto& mc = model_->config();
   log_->info("stabletrain: {} on {} | GPT-2 L={} H={} C={} T={} V={} ({:.2f}M params) | {}",
@@ -924,7 +1012,27 @@ TrainResult Run::go() {
   if (resume_from_.empty() && hooks_->enabled() && cfg_.hooks.spectral && master_is_sharded())
     refresh_master_cache();
   if (resume_from_.empty() && lead()) hooks_->at_start();
-  while (step_ < stop) {
+  // Between steps: a failed train.log write ends the run (rank 0; abort_all ends the others);
+  // a stop signal on any rank stops every rank after the same step.
+  auto poll_stop = [&] {
+    if (lead() && !log_error_.empty())
+      fail(dir_, "/train.log: ", log_error_, "; the run stops (free space, then --resume)");
+    int sig = stop_signal::pending();
+    if (world_ > 1) {
+      std::vector<double> v(world_, 0.0);
+      v[rank_] = sig;
+      comm_->all_reduce_host(v.data(), world_, "the stop-signal check");
+      sig = 0;
+      for (double x : v)
+        if (x > 0) {
+          sig = static_cast<int>(x);
+          break;
+        }
+    }
+    return sig;
+  };
+  int stop_sig = poll_stop();
+  while (step_ < stop && !stop_sig) {
     const int64_t s = step_ + 1;
     inject_fault(rank_, s, "step");
     const auto t0 = std::chrono::steady_clock::now();
@@ -1036,6 +1144,18 @@ TrainResult Run::go() {
     if ((cfg_.train.ckpt_every > 0 && step_ % cfg_.train.ckpt_every == 0) || last) {
       res.weights_sha256 = save(step_, elapsed());
     }
+    stop_sig = poll_stop();
+  }
+  if (stop_sig) {
+    const char* name = stop_sig == SIGINT ? "SIGINT" : stop_sig == SIGTERM ? "SIGTERM" : "a signal";
+    if (step_ > 0 && last_ckpt_step_ != step_) res.weights_sha256 = save(step_, elapsed());
+    if (step_ > 0)
+      log_->warn("stopped by {} after step {}: checkpoint {} written; continue with: train "
+                 "--config {}/config.yaml --resume", name, step_, last_ckpt_, dir_);
+    else
+      log_->warn("stopped by {} before the first step; nothing to resume (start again with "
+                 "--overwrite)", name);
+    res.stop_signal = stop_sig;
   }
   res.last_step = step_;
   res.tokens_per_s = tok_time > 0 ? tok_count / tok_time : 0;
@@ -1074,6 +1194,11 @@ TrainResult Run::go() {
                mem[3 * r] / 1048576.0, mem[3 * r + 1] / 1048576.0, mem[3 * r + 2] / 1048576.0);
   log_->info("done: {} steps, {:.0f} tokens/s, val_loss {:.4f}, run directory {}", step_,
              res.tokens_per_s, res.val_loss, dir_);
+  if (lead()) {
+    log_->flush();
+    if (!log_error_.empty()) fail(dir_, "/train.log: ", log_error_);
+    metrics_.sync();  // on disk before the exit status says the run is done
+  }
   spdlog::drop("train");
   comm_->finalize();
   return res;

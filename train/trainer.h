@@ -35,6 +35,8 @@ struct TrainResult {
   size_t step_rss_bytes = 0;
   size_t peak_rss_bytes = 0;
   double comm_seconds = 0.0;  // in collectives of the training steps (waiting included)
+  // SIGINT or SIGTERM stopped the run after last_step (with a checkpoint); 0 otherwise.
+  int stop_signal = 0;
 };
 
 // Under a launcher (mpirun, srun) with dist.backend mpi / nccl / auto this is one rank of a
