@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -447,7 +449,9 @@ int run_sweep(bool quick, const std::string& csv_path, int threads, uint64_t see
                      rr.c_str(), rows[i].golden.mean(), R.seconds);
       }
     }
-    std::fclose(fp);
+    const bool bad = std::ferror(fp) != 0;
+    if ((std::fclose(fp) != 0) || bad)
+      st::fail(csv_path, ": write failed: ", std::strerror(errno), " (disk full?)");
     std::fprintf(stderr, "wrote %s\n", csv_path.c_str());
   }
   return 0;
@@ -534,7 +538,9 @@ void write_bias_csv(const std::string& path, const BiasConfig& bc, const BiasRep
                  bias_accum_name(s.accum), s.backend.c_str(), s.quantity.c_str(),
                  s.delta_mode.c_str(), s.dout.c_str(), static_cast<long long>(s.rows), s.mean,
                  s.se, s.se > 0 ? s.mean / s.se : 0.0, s.mean_abs, s.nonfinite);
-  std::fclose(fp);
+  const bool bad = std::ferror(fp) != 0;
+  if ((std::fclose(fp) != 0) || bad)
+    st::fail(path, ": write failed: ", std::strerror(errno), " (disk full?)");
   std::fprintf(stderr, "wrote %s\n", path.c_str());
 }
 

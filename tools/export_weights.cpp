@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "model/io.h"
+#include "train/run_io.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
       fs::create_directories(output);
       const std::string file = (fs::path(output) / "model.safetensors").string();
       st::save_safetensors(file, w, dtype);
-      std::ofstream((fs::path(output) / "config.json").string()) << st::hf_config_json(c);
+      st::write_file_atomic((fs::path(output) / "config.json").string(), st::hf_config_json(c));
       output = file;
     } else {
       st::save_llmc(output, w, format == "llmc-bf16");
