@@ -8,8 +8,9 @@
 //    metrics record; during resume start-up) and at random moments, then resume until done:
 //    the final checkpoint is byte-identical to the uninterrupted run's and every line of
 //    metrics.jsonl (timing fields aside) and of the hook CSVs equals it.
-// STABLETRAIN_CRASH_TRIALS sets the number of random kills (default 6; the `slow` label
-// runs CrashConsistencyMany with 40).
+// The `slow` label repeats the random interruptions many times: kill -9 (40 runs), SIGINT /
+// SIGTERM (10) and a full disk (10, RLIMIT_FSIZE of 4..1024 KiB); STABLETRAIN_CRASH_TRIALS
+// sets the number of runs of each (default suite: 6 runs with kill -9).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -328,6 +329,23 @@ TEST(RunSafety, TwoRunsStartedTogetherOneIsRefused) {
   }
 }
 
+// Two --resume started together (the probe saw both run: 34 loss lines for 25 steps).
+TEST(RunSafety, TwoResumesStartedTogetherOneIsRefused) {
+  const std::string cfg = write_config("race2", 40);  // long enough to overlap
+  for (int t = 0; t < 3; ++t) {
+    fs::remove_all(run_dir("race2"));
+    std::string out;
+    ASSERT_EQ(run(cfg, {"--stop-after", "3"}, &out), 0) << out;
+    const Proc a = start(cfg, {"--resume"}), b = start(cfg, {"--resume"});
+    const int ra = wait_for(a), rb = wait_for(b);
+    EXPECT_TRUE((ra == 0) != (rb == 0)) << "try " << t << ": exit codes " << ra << " and " << rb;
+    EXPECT_NE(slurp(ra == 0 ? b.err : a.err).find("in use by another train process"),
+              std::string::npos)
+        << slurp(ra == 0 ? b.err : a.err);
+    EXPECT_EQ(count_lines(run_dir("race2") / "metrics.jsonl", "\"loss\""), 40);
+  }
+}
+
 // ---- 4 and 10. kills at chosen points, and at random moments ----
 
 // kill -9 right after a checkpoint's rename, before its metrics record (the record was lost
@@ -350,20 +368,38 @@ TEST(RunSafety, KillAfterCheckpointRenameAndDuringResume) {
 
 namespace {
 
-// Random kill -9s: each attempt is killed after a uniform delay in [0, 1.3 x the reference
-// run's wall time], then resumed (or, with no checkpoint yet, started over), until a run ends.
-void crash_trials(int trials, uint64_t seed) {
-  const fs::path ref = reference("crash_ref", 24);
+// How an attempt is interrupted.
+enum class Hit { kKill, kSignal, kDiskFull };
+
+struct TrialStats {
+  int attempts = 0, interrupted = 0, clean_errors = 0;
+};
+
+// Checkpoint records of steps the schedule (every 3 steps, and 24) does not checkpoint: a stop
+// signal adds one for the step it stopped after.
+bool off_schedule_record(const std::string& line) {
+  if (line.find("\"checkpoint\"") == std::string::npos) return false;
+  const auto j = nlohmann::json::parse(line);
+  const int64_t s = j["step"];
+  return s % 3 != 0 && s != 24;
+}
+
+// Random interruptions of one run until it ends: kill -9 or SIGINT/SIGTERM after a uniform
+// delay in [0, 1.3 x the reference run's wall time], or a file-size limit (a full disk: the
+// write that crosses it fails with EFBIG) of 4..1024 KiB. After each one the run is resumed
+// (started over with --overwrite when no checkpoint was written yet); the third and later
+// attempts run undisturbed. The end state must equal the uninterrupted run's.
+void interrupted_trials(Hit hit, int trials, uint64_t seed, TrialStats* stats) {
+  const fs::path ref = reference("trial_ref", 24);
   const auto t0 = std::chrono::steady_clock::now();
   {
     std::string out;
-    ASSERT_EQ(run(write_config("crash_time", 24), {"--overwrite"}, &out), 0) << out;
+    ASSERT_EQ(run(write_config("trial_time", 24), {"--overwrite"}, &out), 0) << out;
   }
   const double full_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   st::Rng rng(seed);
-  int kills = 0;
   for (int t = 0; t < trials; ++t) {
-    const std::string name = "crash" + std::to_string(t);
+    const std::string name = "trial" + std::to_string(t);
     const std::string cfg = write_config(name, 24);
     fs::remove_all(run_dir(name));
     for (int attempt = 0;; ++attempt) {
@@ -378,37 +414,69 @@ void crash_trials(int trials, uint64_t seed) {
       const std::vector<std::string> args =
           has_ckpt ? std::vector<std::string>{"--resume"}
                    : started ? std::vector<std::string>{"--overwrite"} : std::vector<std::string>{};
-      const Proc p = start(cfg, args);
-      const double delay = attempt < 3 ? rng.uniform() * 1.3 * full_s : 1e9;  // then let it end
+      const bool disturb = attempt < 2;
+      std::string prefix;
+      if (hit == Hit::kDiskFull && disturb)
+        prefix = "trap '' XFSZ; ulimit -f " + std::to_string(4 << rng.below(9)) + ";";
+      const Proc p = start(cfg, args, {}, prefix);
+      ++stats->attempts;
+      const double delay =
+          disturb && hit != Hit::kDiskFull ? rng.uniform() * 1.3 * full_s : 1e9;
+      const int sig = hit == Hit::kKill ? SIGKILL : rng.below(2) ? SIGINT : SIGTERM;
       const auto ts = std::chrono::steady_clock::now();
       int rc = -1;
+      bool sent = false;
       for (;;) {
         int st = 0;
         if (::waitpid(p.pid, &st, WNOHANG) == p.pid) {
           rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
           break;
         }
-        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count() > delay) {
-          ::kill(p.pid, SIGKILL);
-          ::waitpid(p.pid, &st, 0);
-          rc = 128 + SIGKILL;
-          ++kills;
-          break;
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+        ASSERT_LT(waited, 300.0) << name << ": attempt " << attempt << " hangs";
+        if (!sent && waited > delay) {
+          ::kill(p.pid, sig);
+          sent = true;
         }
         std::this_thread::sleep_for(std::chrono::microseconds(500));
       }
+      const std::string out = slurp(p.err);
       if (rc == 0) break;
-      ASSERT_EQ(rc, 128 + SIGKILL) << name << " attempt " << attempt << ": " << slurp(p.err);
+      ++stats->interrupted;
+      if (hit == Hit::kKill) {
+        ASSERT_EQ(rc, 128 + SIGKILL) << name << " attempt " << attempt << ": " << out;
+      } else if (hit == Hit::kSignal) {
+        ASSERT_EQ(rc, 128 + sig) << name << " attempt " << attempt << ": " << out;
+        // Stopped by the handler (one line saying how to resume), or by the default action
+        // before the handlers were installed (no output then).
+        if (out.find("stopped by") != std::string::npos) ++stats->clean_errors;
+      } else {
+        ASSERT_EQ(rc, 1) << name << " attempt " << attempt << ": " << out;
+        ASSERT_NE(out.find("File too large"), std::string::npos) << out;
+        ++stats->clean_errors;
+      }
     }
-    expect_same_run(ref, run_dir(name), "ckpt_00000024.bin");
+    std::vector<std::string> got;
+    for (const auto& l : metrics_lines(run_dir(name)))
+      if (hit != Hit::kSignal || !off_schedule_record(l)) got.push_back(l);
+    expect_same_state(ref / "ckpt_00000024.bin", run_dir(name) / "ckpt_00000024.bin");
+    EXPECT_EQ(metrics_lines(ref), got) << name;
+    for (const char* f : kRunFiles) {
+      if (fs::exists(ref / f) || fs::exists(run_dir(name) / f)) {
+        EXPECT_TRUE(slurp(ref / f) == slurp(run_dir(name) / f)) << name << ": " << f;
+      }
+    }
     if (::testing::Test::HasFailure()) {
       ADD_FAILURE() << "trial " << t << " (seed " << seed << ") differs from the reference";
       return;
     }
     fs::remove_all(run_dir(name));
   }
-  std::printf("crash consistency: %d trials, %d kills (reference run %.2f s), all identical\n",
-              trials, kills, full_s);
+  std::printf("probe: %s: %d runs, %d attempts, %d interrupted, %d with a clean message, end "
+              "state identical in all (reference run %.2f s)\n",
+              hit == Hit::kKill ? "kill -9" : hit == Hit::kSignal ? "SIGINT/SIGTERM" : "disk full",
+              trials, stats->attempts, stats->interrupted, stats->clean_errors, full_s);
 }
 
 int trials_from_env(int dflt) {
@@ -418,5 +486,19 @@ int trials_from_env(int dflt) {
 
 }  // namespace
 
-TEST(RunSafety, CrashConsistency) { crash_trials(trials_from_env(6), 1); }
-TEST(RunSafetySlow, CrashConsistencyMany) { crash_trials(trials_from_env(40), 2); }
+TEST(RunSafety, CrashConsistency) {
+  TrialStats st;
+  interrupted_trials(Hit::kKill, trials_from_env(6), 1, &st);
+}
+TEST(RunSafetySlow, CrashConsistencyMany) {
+  TrialStats st;
+  interrupted_trials(Hit::kKill, trials_from_env(40), 2, &st);
+}
+TEST(RunSafetySlow, StopSignalsAtRandomMoments) {
+  TrialStats st;
+  interrupted_trials(Hit::kSignal, trials_from_env(10), 3, &st);
+}
+TEST(RunSafetySlow, DiskFullThenResume) {
+  TrialStats st;
+  interrupted_trials(Hit::kDiskFull, trials_from_env(10), 4, &st);
+}
