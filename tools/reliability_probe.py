@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Issue 19's reliability probe, repeatable: runs the interruption, lock, fuzz and MPI-failure
+tests of the build and prints one markdown table with the probe's columns (cases, clean error,
+crash/hang, silently accepted, data lost), each row from the tests' own output.
+
+    python3 tools/reliability_probe.py [--build build] [--trials 40] [--fuzz-iters 2000]
+
+Rows:
+  kill -9            test_run_safety RunSafetySlow.CrashConsistencyMany (random kills while
+                     training, checkpointing and resuming) + the chosen-point kills test
+  SIGINT/SIGTERM     RunSafetySlow.StopSignalsAtRandomMoments + the two signal tests
+  disk full          RunSafetySlow.DiskFullThenResume (RLIMIT_FSIZE 4..1024 KiB) + TrainStopsOnAFullDisk
+  run directory      the lock tests (concurrent starts, resumes, --overwrite while running)
+  fuzz <target>      test_fuzz with STABLETRAIN_FUZZ_ITERS cases per target
+  MPI rank failures  test_distributed DataParallel.FailingRankEndsEveryRank... (4 scenarios)
+A row's failures show as crash/hang or data lost; "silently accepted" counts inputs the
+tests require to be refused that were accepted (a failed refusal assertion).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+
+def run(cmd, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    t0 = time.time()
+    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return p.returncode, p.stdout, time.time() - t0
+
+
+def gtest_counts(out):
+    passed = len(re.findall(r"^\[       OK \]", out, re.M))
+    failed = len(re.findall(r"^\[  FAILED  \] \S+ \(", out, re.M))
+    return passed, failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--trials", type=int, default=40, help="runs per random-interruption kind")
+    ap.add_argument("--fuzz-iters", type=int, default=2000, help="fuzz cases per target")
+    a = ap.parse_args()
+    b = os.path.join(a.build, "bin")
+    rows = []
+    log = []
+
+    def safety(flt, env=None):
+        rc, out, dt = run([os.path.join(b, "test_run_safety"), "--gtest_filter=" + flt], env)
+        log.append((flt, dt, out))
+        return rc, out
+
+    trials = {"STABLETRAIN_CRASH_TRIALS": str(a.trials)}
+    for kind, slow, fixed, nfixed in [
+        ("kill -9", "RunSafetySlow.CrashConsistencyMany",
+         "RunSafety.KillAfterCheckpointRenameAndDuringResume", 2),
+        ("SIGINT/SIGTERM", "RunSafetySlow.StopSignalsAtRandomMoments",
+         "RunSafety.SigtermWritesACheckpointAndResumesExactly:RunSafety.SecondSignalEndsAtOnce", 2),
+        ("disk full", "RunSafetySlow.DiskFullThenResume", "RunSafety.TrainStopsOnAFullDisk", 1),
+    ]:
+        rc, out = safety(slow, trials)
+        m = re.search(r"probe: [^:]+: (\d+) runs, (\d+) attempts, (\d+) interrupted, (\d+) with a "
+                      r"clean message", out)
+        rc2, out2 = safety(fixed)
+        p2, f2 = gtest_counts(out2)
+        if m:
+            runs, att, inter, clean = map(int, m.groups())
+        else:
+            runs, att, inter, clean = a.trials, 0, 0, 0
+        lost = 0 if (m and rc == 0) else max(1, len(re.findall(r"differs from the reference", out)))
+        hang = len(re.findall(r"hangs|never finished|did not end", out + out2))
+        rows.append((kind, inter + nfixed, (clean + p2) if kind != "kill -9" else "n/a (kill)",
+                     hang, 0, lost + f2,
+                     f"{runs} runs interrupted {inter} times at random + {nfixed} at chosen points; "
+                     f"end state of every run equal to the uninterrupted run's"
+                     if lost + f2 == 0 else "FAILURES: see the log"))
+    rc, out = safety("RunSafety.SecondProcess*:RunSafety.TwoRuns*:RunSafety.TwoResumes*")
+    p, f = gtest_counts(out)
+    # Scenarios: --resume and --overwrite and a plain start while a run holds the directory,
+    # resume after the holder died, 4 concurrent fresh starts, 3 concurrent resumes.
+    rows.append(("run directory", 11, 11 if f == 0 else "?", 0, f, 0,
+                 "concurrent starts/resumes, --overwrite or --resume while running: the second "
+                 "process refused with the holder's PID" if f == 0 else "FAILURES: see the log"))
+
+    fz = os.path.join(b, "test_fuzz")
+    if os.path.exists(fz):
+        rc, out, dt = run([fz], {"STABLETRAIN_FUZZ_ITERS": str(a.fuzz_iters)})
+        log.append(("test_fuzz", dt, out))
+        for m in re.finditer(r"^fuzz (\S+): (\d+) cases in [\d.]+ s, (\d+) failed", out, re.M):
+            name, cases, failed = m.group(1), int(m.group(2)), int(m.group(3))
+            acc = re.search(r"^fuzz %s: .*?(\d+) accepted, (\d+) refused" % re.escape(name), out,
+                            re.M)
+            clean = int(acc.group(2)) if acc else cases - failed
+            rows.append((f"fuzz {name}", cases, clean, failed, 0, 0,
+                         f"{acc.group(1)} mutated inputs accepted as valid" if acc else ""))
+    else:
+        rows.append(("fuzz", 0, 0, 0, 0, 0, f"{fz} not built"))
+
+    rc, out, dt = run([os.path.join(b, "test_distributed"),
+                       "--gtest_filter=DataParallel.FailingRankEndsEveryRank*"])
+    log.append(("mpi", dt, out))
+    p, f = gtest_counts(out)
+    rows.append(("MPI rank failures", 4, 4 if f == 0 else "?", f, 0, 0,
+                 "a rank exits, hangs, throws, or dies while checkpointing: every rank ends with "
+                 "one error, no half checkpoint" if f == 0 else "FAILURES: see the log"))
+
+    print("| area | cases | clean error | crash/hang | silently accepted | data lost | notes |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r) + " |")
+    print()
+    for name, dt, _ in log:
+        print(f"- `{name}`: {dt:.0f} s")
+    bad = any((isinstance(r[3], int) and r[3]) or r[4] or r[5] for r in rows)
+    if bad:
+        for name, dt, out in log:
+            sys.stderr.write(f"==== {name}\n{out[-4000:]}\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
