@@ -123,6 +123,27 @@ TEST_P(Resume, TwoRunsIdenticalAndResumeIsBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(Precisions, Resume, ::testing::Values("fp32", "bf16", "fp16"));
 
+// Two identical runs write byte-identical checkpoints (no uninitialised padding, no wall
+// time in the file). The second run goes into the same directory (the config names it)
+// after the first one's is moved away.
+TEST(TrainDeterminism, IdenticalRunsWriteByteIdenticalCheckpoints) {
+  const fs::path dir = tmp_root() / "same_ckpt", first = tmp_root() / "same_ckpt_first";
+  TrainOptions o = quiet();
+  o.stop_after = 5;
+  run_training(config("same_ckpt", "fp32"), o);
+  fs::rename(dir, first);
+  run_training(config("same_ckpt", "fp32"), o);
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(first)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt_", 0) != 0) continue;
+    ASSERT_TRUE(fs::exists(dir / name)) << name;
+    EXPECT_TRUE(slurp(e.path()) == slurp(dir / name)) << name << " differs between the runs";
+    ++compared;
+  }
+  EXPECT_GE(compared, 1);
+}
+
 TEST(TrainBadInput, UnknownKeyWrongTypeOutOfRange) {
   const std::string dir = (tmp_root() / "bad_cfg").string();
   std::string y = base_yaml(dir, "fp32");

@@ -1,10 +1,13 @@
-// Checkpoint file format, version 2 (version 1 = the same without the hooks_state record;
-// still read). All integers little-endian. Data-parallel runs add the records dist_world,
+// Checkpoint file format, version 3 (still read: version 2 = the same plus an elapsed_s
+// record (f64, wall time), version 1 = version 2 without the hooks_state record). Version 3
+// dropped elapsed_s so that identical training states give byte-identical files; rng_state
+// and data_state are serialised field by field (Rng::State, DataLoader::State::to_bytes).
+// All integers little-endian. Data-parallel runs add the records dist_world,
 // optim_shards, shard_rank, shard_begin and shard_end (checkpoint.h); they are optional,
 // written only when not at their defaults, so single-process files are unchanged (a build
 // older than them refuses a data-parallel checkpoint as an unknown record).
 //
-//   header   magic "STCKPT01" (8 bytes), format version (u32: 2; 1 is read too)
+//   header   magic "STCKPT01" (8 bytes), format version (u32: 3; 1 and 2 are read too)
 //   records  repeated up to the trailer, one per CheckpointState field, in any order:
 //              name length (u16, 1..64), name (ASCII, no terminator),
 //              type (u8: 1 i32, 2 i64, 3 f32, 4 f64, 5 bytes, 6 string),
@@ -62,13 +65,20 @@ void visit_fields(S& s, F&& f) {
   f("loss_scale_good_steps", s.loss_scale_good_steps);
   f("rng_state", s.rng_state);
   f("data_state", s.data_state);
-  f("elapsed_s", s.elapsed_s);
+  f("elapsed_s", s.elapsed_s);      // versions 1..2 only
   f("hooks_state", s.hooks_state);  // since version 2
   f("dist_world", s.dist_world);    // optional (data-parallel runs)
   f("optim_shards", s.optim_shards);
   f("shard_rank", s.shard_rank);
   f("shard_begin", s.shard_begin);
   f("shard_end", s.shard_end);
+}
+
+// Whether format `version` has the record `name` (required unless is_optional).
+bool in_version(const char* name, uint32_t version) {
+  if (std::strcmp(name, "hooks_state") == 0) return version >= 2;
+  if (std::strcmp(name, "elapsed_s") == 0) return version <= 2;
+  return true;
 }
 
 // Optional records: absent means the default (checkpoint.h), and the writer leaves them out
@@ -397,6 +407,9 @@ void parse_records(Reader& r, CheckpointState& s) {
     visit_fields(s, [&](const char* field_name, auto& field) {
       if (!found && name == field_name) {
         found = true;
+        if (!in_version(field_name, version))
+          throw FormatError("record '" + name + "' is not part of format version " +
+                            std::to_string(version));
         if (seen[idx]) throw FormatError("duplicate record '" + name + "'");
         seen[idx] = true;
         get_value(r, name, RecType(type), len, field);
@@ -407,8 +420,7 @@ void parse_records(Reader& r, CheckpointState& s) {
   }
   size_t idx = 0;
   visit_fields(s, [&](const char* field_name, auto&) {
-    const bool optional = (version < 2 && std::strcmp(field_name, "hooks_state") == 0) ||
-                          is_optional(field_name);
+    const bool optional = !in_version(field_name, version) || is_optional(field_name);
     if (!seen[idx++] && !optional)
       throw FormatError(std::string("missing record '") + field_name + "'");
   });
@@ -438,7 +450,8 @@ std::string save_checkpoint(const std::string& path, const CheckpointState& s) {
     put_le<uint32_t>(header + kMagicBytes, kCheckpointVersion);
     w.put(header, sizeof header);
     visit_fields(s, [&](const char* name, const auto& v) {
-      if (is_optional(name) && at_default(name, s)) return;
+      if (!in_version(name, kCheckpointVersion) || (is_optional(name) && at_default(name, s)))
+        return;
       put_record(w, name, v, &v == static_cast<const void*>(&s.master) ? &master_sha : nullptr);
     });
     uint8_t len[8];
