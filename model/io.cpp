@@ -53,14 +53,10 @@ void write_atomic(const std::string& path, const std::string& head, const void* 
   }
 }
 
+// Bounds (model/gpt2.h) checked before anything is sized from the shape: num_parameters()
+// then cannot overflow.
 void check_config(const GPT2Config& c, const std::string& path) {
-  try {
-    c.validate();
-  } catch (const std::exception& e) {
-    fail(path, ": bad model shape: ", e.what());
-  }
-  if (c.n_embd % c.n_head != 0)
-    fail(path, ": n_embd ", c.n_embd, " is not divisible by n_head ", c.n_head);
+  check_model_shape(c, path + ": bad model shape");
 }
 
 // One tensor of the safetensors file: its HF name, shape, and where it sits in our flat
@@ -170,11 +166,12 @@ ModelWeights load_llmc(const std::string& path) {
   c.n_head = h[5];
   c.n_embd = h[6];
   c.padded_vocab_size = h[7];
-  if (c.n_layer <= 0 || c.n_head <= 0 || c.n_embd <= 0 || c.max_seq_len <= 0 || c.vocab_size <= 0)
-    fail(path, ": bad llm.c header: maxT ", h[2], ", V ", h[3], ", L ", h[4], ", NH ", h[5], ", C ", h[6]);
   if (c.padded_vocab_size == 0) c.padded_vocab_size = c.vocab_size;  // files older than Vp
-  check_config(c, path);
-  const int64_t n = num_parameters(c);
+  check_model_shape(c, path + ": bad llm.c header (maxT " + std::to_string(h[2]) + ", V " +
+                           std::to_string(h[3]) + ", L " + std::to_string(h[4]) + ", NH " +
+                           std::to_string(h[5]) + ", C " + std::to_string(h[6]) + ", Vp " +
+                           std::to_string(h[7]) + ")");
+  const int64_t n = num_parameters(c);  // < 2^46 within the bounds: no overflow below
   const size_t elem = h[1] == 3 ? 4 : 2;
   const size_t want = 1024 + static_cast<size_t>(n) * elem;
   if (s.size() != want)

@@ -136,6 +136,42 @@ TEST(Llmc, BadFilesAreRefused) {
             std::string::npos);
 }
 
+// Hostile llm.c headers: a 263 KB file claiming L = 357,908,024 and C = 65,536 made
+// num_parameters() overflow to 65,536, passed the size check and was loaded (then
+// bad_alloc building the model). Every field is bounded (model/gpt2.h) before the size
+// is computed and compared with the file.
+TEST(Llmc, HostileHeadersAreRefusedBeforeAllocating) {
+  auto file = [&](const std::string& name, std::array<int32_t, 6> f, size_t bytes) {
+    std::string b(bytes, '\0');
+    int32_t h[8] = {20240326, 3, f[0], f[1], f[2], f[3], f[4], f[5]};  // maxT V L NH C Vp
+    std::memcpy(b.data(), h, sizeof h);
+    const std::string q = (tmp() / name).string();
+    std::ofstream(q, std::ios::binary) << b;
+    return q;
+  };
+  const struct {
+    std::string path, expect;
+  } cases[] = {
+      // (Vp + maxT) * C + the wrapped layer terms = 65,536 parameters: the probe's file.
+      {file("overflow.bin", {725671, 50257, 357908024, 16, 65536, 50304}, 1024 + 65536 * 4),
+       "n_layer = 357908024 is out of range, expected 1..1024"},
+      {file("embd.bin", {16, 256, 1, 1, 131072, 256}, 4096), "n_embd = 131072"},
+      {file("seq.bin", {(1 << 20) + 1, 256, 1, 1, 8, 256}, 4096), "max_seq_len = 1048577"},
+      {file("vocab.bin", {16, (1 << 24) + 1, 1, 1, 8, 0}, 4096), "vocab_size = 16777217"},
+      {file("padded.bin", {16, 256, 1, 1, 8, 200}, 4096), "padded_vocab_size = 200"},
+      {file("heads.bin", {16, 256, 1, 3, 8, 256}, 4096), "not divisible by n_head = 3"},
+      {file("neg.bin", {16, 256, -2, 1, 8, 256}, 4096), "n_layer = -2"},
+      // Within bounds but far larger than the file: refused by size, nothing allocated.
+      {file("big.bin", {1 << 20, 1 << 24, 1024, 64, 65536, 1 << 24}, 4096),
+       "size mismatch"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { load_llmc(c.path); });
+    EXPECT_NE(e.find(c.path), std::string::npos) << e;
+    EXPECT_NE(e.find(c.expect), std::string::npos) << e;
+  }
+}
+
 TEST(Safetensors, HuggingFaceNamesLayoutsAndRoundTrip) {
   const ModelWeights w = random_weights(4);
   const GPT2Config& c = w.config;
