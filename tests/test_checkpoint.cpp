@@ -6,10 +6,12 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "core/error.h"
@@ -29,24 +31,34 @@ Bytes random_bytes(std::mt19937_64& g, size_t n) {
   return b;
 }
 
-// Every field differs from its default.
-CheckpointState random_state(uint64_t seed, int32_t elem_bytes, size_t n_params) {
+// Every field differs from its default; the values are consistent (shape records, array
+// sizes, config_yaml, RNG and data states). The shape (n_head 1, n_embd 2, max_seq_len 1,
+// vocabulary 1) has 8 + 74 n_layer parameters: n_layer is the smallest giving at least
+// `min_params` (at most 1024).
+int32_t layers_for(size_t min_params) {
+  return int32_t(std::clamp<size_t>((std::max<size_t>(min_params, 8) - 8 + 73) / 74, 1, 1024));
+}
+size_t params_of(int32_t n_layer) { return 8 + 74 * size_t(n_layer); }
+CheckpointState random_state(uint64_t seed, int32_t elem_bytes, size_t min_params) {
   std::mt19937_64 g(seed);
   CheckpointState s;
-  s.config_yaml = "run:\n  name: t" + std::to_string(g() % 1000) + "\nmodel:\n  n_layer: 2\n";
+  s.n_layer = layers_for(min_params), s.n_head = 1, s.n_embd = 2, s.max_seq_len = 1;
+  s.vocab_size = 1, s.padded_vocab_size = 1;
+  s.config_yaml = "run:\n  name: t" + std::to_string(g() % 1000) + "\nmodel:\n  n_layer: " +
+                  std::to_string(s.n_layer) + "\n  n_embd: 2\n";
   s.step = int64_t(g() % 100000) + 1;
   s.adam_step = s.step + 3;
-  s.n_layer = 2, s.n_head = 3, s.n_embd = 96, s.max_seq_len = 64, s.vocab_size = 257;
-  s.padded_vocab_size = 320;
   s.compute = elem_bytes == 8 ? "fp64" : "bf16";
   s.master_elem_bytes = elem_bytes;
-  s.master = random_bytes(g, n_params * size_t(elem_bytes));
+  s.master = random_bytes(g, params_of(s.n_layer) * size_t(elem_bytes));
   s.m = random_bytes(g, s.master.size());
   s.v = random_bytes(g, s.master.size());
   s.loss_scale = 32768.0f * float(g() % 7 + 1) + 0.5f;
   s.loss_scale_good_steps = int32_t(g() % 2000) + 1;
-  s.rng_state = random_bytes(g, 40);
-  s.data_state = random_bytes(g, 24);
+  Rng r(g());
+  r.normal();
+  s.rng_state = r.state().to_bytes();
+  s.data_state = DataLoader::State{int64_t(g() % 100), int64_t(g() % 1000)}.to_bytes();
   s.elapsed_s = 1234.5678 + double(g() % 100) * 1e-3;
   s.hooks_state = random_bytes(g, 56);
   return s;
@@ -217,10 +229,12 @@ TEST_F(Checkpoint, RoundTripEveryFieldFp32AndFp64) {
   EXPECT_FALSE(tmp_left(dir_));
 }
 
-TEST_F(Checkpoint, DefaultStateRoundTrips) {
+// The default state has no model (n_layer 0): written (save checks only the structure),
+// refused on reading.
+TEST_F(Checkpoint, DefaultStateIsWrittenButNotLoaded) {
   CheckpointState s;
   EXPECT_EQ(save_checkpoint(path("d.ckpt"), s), sha256_hex("", 0));
-  expect_same(load_checkpoint(path("d.ckpt")), s);
+  expect_error(path("d.ckpt"), {"inconsistent checkpoint", "compute = ''"});
 }
 
 TEST_F(Checkpoint, ByteLayoutMatchesTheDocumentedFormat) {
@@ -453,12 +467,12 @@ TEST_F(Checkpoint, BadRecordsWithValidChecksum) {
     fix_trailer(c);
     expect_error(c, {"record 'step' has type 1, expected 2"});
   }
-  {  // elem size 8 with 4004-byte arrays; then m one element short
+  {  // elem size 8 with 4-byte arrays; then m one element short
     const Rec r = find(b, "master_elem_bytes");
     Bytes c = b;
     set_le(c, r.value_off, 4, 8);
     fix_trailer(c);
-    expect_error(c, {"inconsistent array sizes", "multiple of master_elem_bytes"});
+    expect_error(c, {"master holds 522 values of 8 bytes", "give 1044 parameters"});
     set_le(c, r.value_off, 4, 2);
     fix_trailer(c);
     expect_error(c, {"master_elem_bytes is 2"});
@@ -467,8 +481,101 @@ TEST_F(Checkpoint, BadRecordsWithValidChecksum) {
     c.erase(c.begin() + long(m.value_off), c.begin() + long(m.value_off + 4));
     set_le(c, m.value_off - 8, 8, m.len - 4);
     fix_trailer(c);
-    expect_error(c, {"inconsistent array sizes", "m 4000"});
+    expect_error(c, {"inconsistent array sizes", "m 4172"});
   }
+}
+
+// Checksum-valid files whose values are impossible or disagree with each other: each is
+// refused with the field, its value and what was expected (all were loaded before).
+TEST_F(Checkpoint, InconsistentValuesAreRefused) {
+  const CheckpointState good = random_state(30, 4, 300);
+  const size_t np = params_of(good.n_layer);
+  const struct {
+    std::function<void(CheckpointState&)> edit;
+    std::vector<const char*> want;
+  } cases[] = {
+      {[](auto& s) { s.step = INT64_MIN; }, {"step = -9223372036854775808, expected >= 0"}},
+      {[](auto& s) { s.adam_step = -1; }, {"adam_step = -1, expected 0..2147483647"}},
+      {[](auto& s) { s.adam_step = int64_t(1) << 40; }, {"adam_step = 1099511627776"}},
+      {[](auto& s) { s.loss_scale = std::nanf(""); }, {"loss_scale = nan", "finite value > 0"}},
+      {[](auto& s) { s.loss_scale = INFINITY; }, {"loss_scale = inf"}},
+      {[](auto& s) { s.loss_scale = 0; }, {"loss_scale = 0,"}},
+      {[](auto& s) { s.loss_scale = -2; }, {"loss_scale = -2"}},
+      {[](auto& s) { s.loss_scale_good_steps = -5; }, {"loss_scale_good_steps = -5"}},
+      {[](auto& s) { s.compute = "fp8"; }, {"compute = 'fp8'", "fp32, bf16, fp16 or fp64"}},
+      {[](auto& s) { s.compute = ""; }, {"compute = ''"}},
+      {[](auto& s) { s.n_layer = 357908024; }, {"n_layer = 357908024 is out of range"}},
+      {[](auto& s) { s.n_layer = -1; }, {"n_layer = -1 is out of range"}},
+      {[](auto& s) { s.n_head = 0; }, {"n_head = 0 is out of range"}},
+      {[](auto& s) { s.n_head = 3; }, {"n_head = 3 is out of range, expected 1..2"}},
+      {[](auto& s) { s.n_embd = 3, s.n_head = 2; }, {"n_embd = 3 is not divisible by n_head = 2"}},
+      {[](auto& s) { s.n_embd = 1 << 20; }, {"n_embd = 1048576 is out of range"}},
+      {[](auto& s) { s.max_seq_len = 0; }, {"max_seq_len = 0 is out of range"}},
+      {[](auto& s) { s.vocab_size = -3; }, {"vocab_size = -3 is out of range"}},
+      {[](auto& s) { s.padded_vocab_size = 0; }, {"padded_vocab_size = 0 is below vocab_size"}},
+      {[](auto& s) { s.vocab_size = 2; }, {"padded_vocab_size = 1 is below vocab_size = 2"}},
+      {[](auto& s) { s.padded_vocab_size = (1 << 24) + 1; s.vocab_size = 1 << 24; },
+       {"padded_vocab_size = 16777217 is out of range"}},
+      // Shape records in bounds but not the arrays' (config_yaml updated to agree).
+      {[](auto& s) { s.max_seq_len = 2; }, {"master holds", "give"}},
+      {[](auto& s) { s.n_layer += 1; s.config_yaml = ""; }, {"master holds", "parameters"}},
+      {[](auto& s) { s.rng_state.resize(40); }, {"rng_state holds 40 bytes, expected 48"}},
+      {[](auto& s) { s.rng_state.assign(48, 0); }, {"rng_state generator state is all zero"}},
+      {[](auto& s) { s.rng_state[40] = 7; }, {"has_spare byte is 7"}},
+      {[](auto& s) { s.data_state.resize(17); }, {"data_state holds 17 bytes, expected 16"}},
+      {[](auto& s) { s.data_state[7] = 0xff; }, {"data_state position", "negative"}},
+      {[](auto& s) { s.shard_rank = -2; }, {"shard_rank = -2"}},
+      {[](auto& s) { s.shard_end = 4; }, {"shard elements [0, 4)", "no shard_rank"}},
+      {[](auto& s) { s.dist_world = 1 << 21; }, {"dist_world = 2097152"}},
+      {[&](auto& s) {  // a rank file whose shard ends past the parameters
+         s.dist_world = s.optim_shards = 2;
+         s.shard_rank = 1;
+         s.shard_begin = int64_t(np) - 2;
+         s.shard_end = int64_t(np) + 2;
+         s.master.resize(4 * 4);
+         s.m = s.v = s.master;
+       },
+       {"end past the", "parameters of the shape records"}},
+      {[](auto& s) { s.config_yaml = "model:\n  n_layer: 7\n"; },
+       {"config_yaml says model.n_layer: '7' but the record n_layer is"}},
+      {[](auto& s) { s.config_yaml = "model: {n_head: 2x}\n"; }, {"model.n_head: '2x'"}},
+      {[](auto& s) { s.config_yaml = "model: {n_embd: 2.0}\n"; }, {"model.n_embd: '2.0'"}},
+      {[](auto& s) { s.config_yaml = "model: {vocab_size: [1]}\n"; },
+       {"model.vocab_size: '(not a scalar)'"}},
+      {[](auto& s) { s.config_yaml = "model: [\n"; }, {"config_yaml is not valid YAML"}},
+      {[](auto& s) { s.config_yaml = "just text"; }, {"config_yaml is not a YAML mapping"}},
+      {[](auto& s) { s.config_yaml = "model: 3\n"; }, {"model section is not a mapping"}},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(i++);
+    CheckpointState s = good;
+    c.edit(s);
+    const std::string p = path("v" + std::to_string(i) + ".ckpt");
+    save_checkpoint(p, s);
+    try {
+      load_checkpoint(p);
+      ADD_FAILURE() << "loaded; expected: " << c.want[0];
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(p + ": inconsistent checkpoint: "), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      for (const char* w : c.want) EXPECT_NE(msg.find(w), std::string::npos) << msg;
+    }
+  }
+  // The unedited state, a main file of a sharded run and empty RNG/data states (a file not
+  // written by the trainer) load.
+  save_checkpoint(path("ok.ckpt"), good);
+  EXPECT_NO_THROW(load_checkpoint(path("ok.ckpt")));
+  CheckpointState main = good;
+  main.dist_world = main.optim_shards = 4;
+  main.m.clear();
+  main.v.clear();
+  main.rng_state.clear();
+  main.data_state.clear();
+  main.config_yaml.clear();
+  save_checkpoint(path("main.ckpt"), main);
+  EXPECT_NO_THROW(load_checkpoint(path("main.ckpt")));
 }
 
 TEST_F(Checkpoint, SaveReplacesAnExistingCheckpoint) {
