@@ -262,6 +262,86 @@ TEST(Safetensors, BadFilesAreRefused) {
   }
 }
 
+// Hostile safetensors layouts: each was loaded before (shifted or overlapping data read
+// as weights, "2.5" read as 2 heads) or gave "error: stoi".
+TEST(Safetensors, HostileLayoutsAndMetadataAreRefused) {
+  const ModelWeights w = random_weights(6);
+  const std::string p = (tmp() / "base.safetensors").string();
+  save_safetensors(p, w);
+  const std::string b = slurp(p);
+  uint64_t hn;
+  std::memcpy(&hn, b.data(), 8);
+  const nlohmann::ordered_json h0 = nlohmann::ordered_json::parse(b.substr(8, hn));
+  const std::string data0 = b.substr(8 + hn);
+  // A file from a header (padded with `pad` spaces), a header length `delta` off the truth.
+  auto file = [&](const std::string& name, const nlohmann::ordered_json& h, const std::string& data,
+                  size_t pad = 0, int64_t delta = 0) {
+    const std::string js = h.dump() + std::string(pad, ' ');
+    std::string out(8, '\0');
+    const uint64_t n = uint64_t(int64_t(js.size()) + delta);
+    std::memcpy(out.data(), &n, 8);
+    out += js + data;
+    const std::string q = (tmp() / name).string();
+    std::ofstream(q, std::ios::binary) << out;
+    return q;
+  };
+  const std::string wte = "transformer.wte.weight", lnfb = "transformer.ln_f.bias",
+                    lnfw = "transformer.ln_f.weight";
+  auto edit = [&](auto f) {
+    nlohmann::ordered_json h = h0;
+    f(h);
+    return h;
+  };
+  const struct {
+    std::string path, expect;
+  } cases[] = {
+      // Header length one short: the header's last padding byte becomes data, every tensor
+      // shifted by one byte.
+      {file("short_hdr.st", h0, data0, 8, -1), "belong to no tensor"},
+      {file("trailing.st", h0, data0 + "xxxx"), "bytes [" + std::to_string(data0.size())},
+      {file("overlap.st", edit([&](auto& h) { h[lnfb]["data_offsets"] = h[lnfw]["data_offsets"]; }),
+            data0),
+       "overlap tensor"},
+      {file("reversed.st", edit([&](auto& h) { h[lnfb]["data_offsets"] = {8, 4}; }), data0),
+       "data_offsets [8, 4), expected begin <= end"},
+      {file("size.st", edit([&](auto& h) { h[lnfb]["shape"] = {3}; }), data0),
+       "but shape [3] of F32 needs 12"},
+      {file("huge.st", edit([&](auto& h) { h[lnfb]["shape"] = {uint64_t(1) << 40, uint64_t(1) << 40}; }),
+            data0),
+       "needs more than the file holds"},
+      {file("negdim.st", edit([&](auto& h) { h[lnfb]["shape"] = {-8}; }), data0),
+       "expected non-negative integers"},
+      {file("dtype.st", edit([&](auto& h) { h[lnfb]["dtype"] = "F99"; }), data0),
+       "unknown dtype 'F99'"},
+      {file("notens.st", edit([&](auto& h) { h[lnfb] = 5; }), data0), "is not an object"},
+      {file("i32.st", edit([&](auto& h) { h[lnfb]["dtype"] = "I32"; }), data0),
+       "dtype I32 (F32, BF16, F16 or F64 expected)"},
+      {file("meta_obj.st", edit([&](auto& h) { h["__metadata__"] = 3; }), data0),
+       "__metadata__ is not a JSON object"},
+      {file("meta_num.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = 2; }), data0),
+       "__metadata__ 'n_head' is not a string"},
+      {file("half.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = "2.5"; }), data0),
+       "__metadata__ n_head = '2.5', expected an integer in 1..65536"},
+      {file("2x.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = "2x"; }), data0),
+       "n_head = '2x'"},
+      {file("empty.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = ""; }), data0),
+       "n_head = ''"},
+      {file("big.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = "99999999999"; }), data0),
+       "n_head = '99999999999'"},
+      {file("layers.st", edit([&](auto& h) { h["__metadata__"]["n_layer"] = "5"; }), data0),
+       "__metadata__ n_layer = 5 but the tensors give"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { load_weights(c.path); });
+    EXPECT_NE(e.find(c.path), std::string::npos) << e;
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.path << ": " << e;
+    EXPECT_EQ(e.find("stoi"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  // The unedited header, with padding, loads.
+  EXPECT_EQ(load_weights(file("padded.st", h0, data0, 8)).params, load_weights(p).params);
+}
+
 // ---- through `train` ----
 
 namespace {
