@@ -464,7 +464,16 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
     fail(path, ": ", byname.size(), " tensors, a GPT-2 with ", c.n_layer, " layers has ",
          expect.size(), extra.empty() ? "" : "; unexpected:" + extra);
   }
-  w.params.assign(static_cast<size_t>(num_parameters(c)), 0.0f);  // padded wte rows stay 0
+  // Every tensor's shape, dtype and size first: the shape taken from wte/wpe and the
+  // layer count says nothing about the other tensors' sizes, and num_parameters(c) values
+  // are allocated only once all of them are known to be in the file.
+  struct Src {
+    const HfTensor* t;
+    std::string dtype;
+    size_t eb;
+    uint64_t begin;
+  };
+  std::vector<Src> src;
   for (const HfTensor& t : expect) {
     const auto found = byname.find(t.name);
     if (found == byname.end()) fail(path, ": no tensor '", t.name, "' (not a GPT-2 safetensors file?)");
@@ -481,7 +490,15 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
     if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != n * eb || data0 + off[1] > s.size())
       fail(path, ": tensor '", t.name, "' has data_offsets ", nlohmann::json(off).dump(),
            " that do not hold ", n, " ", dtype, " values inside the file (truncated?)");
-    const char* p = s.data() + data0 + off[0];
+    src.push_back({&t, dtype, eb, off[0]});
+  }
+  w.params.assign(static_cast<size_t>(num_parameters(c)), 0.0f);  // padded wte rows stay 0
+  for (const Src& x : src) {
+    const HfTensor& t = *x.t;
+    const std::string& dtype = x.dtype;
+    const size_t eb = x.eb;
+    const uint64_t n = static_cast<uint64_t>(t.rows * t.cols);
+    const char* p = s.data() + data0 + x.begin;
     float* dst = w.params.data() + t.offset;
     if (!t.transposed) {
       for (uint64_t i = 0; i < n; ++i) dst[i] = to_float(p + i * eb, dtype);

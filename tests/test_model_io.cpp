@@ -342,6 +342,44 @@ TEST(Safetensors, HostileLayoutsAndMetadataAreRefused) {
   EXPECT_EQ(load_weights(file("padded.st", h0, data0, 8)).params, load_weights(p).params);
 }
 
+// A small file whose wte says n_embd 65536 and whose other tensors are tiny: the
+// parameters (~51e9 values) were allocated from that shape before the other tensors'
+// shapes were checked (std::bad_alloc). Now every tensor is checked first.
+TEST(Safetensors, ShapesAreCheckedBeforeTheParametersAreAllocated) {
+  const int64_t C = 65536;
+  nlohmann::ordered_json h;
+  uint64_t at = 0;
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    h[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {at, at + uint64_t(n) * 4}}};
+    at += uint64_t(n) * 4;
+  };
+  tensor("transformer.wte.weight", {1, C});
+  tensor("transformer.wpe.weight", {1, C});
+  for (const char* t : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
+                        "mlp.c_proj.bias"})
+    tensor(std::string("transformer.h.0.") + t, {1});
+  tensor("transformer.ln_f.weight", {1});
+  tensor("transformer.ln_f.bias", {1});
+  h["__metadata__"] = {{"n_head", "1"}};
+  std::string js = h.dump();
+  js.append((8 - js.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t n = js.size();
+  std::memcpy(out.data(), &n, 8);
+  out += js + std::string(at, '\0');
+  const std::string q = (tmp() / "wide.safetensors").string();
+  std::ofstream(q, std::ios::binary) << out;
+  const std::string e = error_of([&] { load_weights(q); });
+  EXPECT_NE(e.find(q), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor 'transformer.h.0.ln_1.weight' has shape [1], expected [65536]"),
+            std::string::npos)
+      << e;
+}
+
 // ---- through `train` ----
 
 namespace {
