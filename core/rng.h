@@ -5,6 +5,11 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
 
 namespace st {
 
@@ -61,6 +66,46 @@ class Rng {
     std::array<uint64_t, 4> s;
     double spare;
     bool has_spare;
+    // Serialised field by field (checkpoint record rng_state), never as the raw struct (its
+    // padding is uninitialised): kBytes little-endian bytes, s[0..3] as u64, spare as the
+    // u64 of its IEEE bits, has_spare as one byte 0 or 1, then 7 zero bytes. That is the
+    // raw struct's layout on x86-64, so checkpoints of versions 1..2 (written as the raw
+    // struct) read the same; their 7 padding bytes may hold garbage and are ignored.
+    static constexpr size_t kBytes = 48;
+    std::vector<uint8_t> to_bytes() const {
+      std::vector<uint8_t> b(kBytes, 0);
+      uint64_t spare_bits;
+      std::memcpy(&spare_bits, &spare, 8);
+      for (int w = 0; w < 5; ++w)
+        for (int i = 0; i < 8; ++i)
+          b[size_t(8 * w + i)] = uint8_t((w < 4 ? s[size_t(w)] : spare_bits) >> (8 * i));
+      b[40] = has_spare ? 1 : 0;
+      return b;
+    }
+    // Refuses (st::Error naming `path`) a wrong size, has_spare not 0/1, a non-finite spare
+    // or the all-zero generator state (xoshiro would return zeros forever).
+    static State from_bytes(const std::vector<uint8_t>& b, const std::string& path) {
+      if (b.size() != kBytes)
+        fail(path, ": rng_state holds ", b.size(), " bytes, expected ", kBytes,
+             " (damaged checkpoint or another program's file)");
+      uint64_t w[5] = {};
+      for (int k = 0; k < 5; ++k)
+        for (int i = 0; i < 8; ++i) w[k] |= uint64_t(b[size_t(8 * k + i)]) << (8 * i);
+      State st{};
+      for (int k = 0; k < 4; ++k) st.s[size_t(k)] = w[k];
+      std::memcpy(&st.spare, &w[4], 8);
+      if (b[40] > 1)
+        fail(path, ": rng_state has_spare byte is ", int(b[40]),
+             ", expected 0 or 1 (damaged checkpoint)");
+      st.has_spare = b[40] == 1;
+      if (!std::isfinite(st.spare))
+        fail(path, ": rng_state spare normal is not finite (damaged checkpoint)");
+      if ((w[0] | w[1] | w[2] | w[3]) == 0)
+        fail(path,
+             ": rng_state generator state is all zero, which no seed produces (damaged "
+             "checkpoint)");
+      return st;
+    }
   };
   State state() const { return {s_, spare_, has_spare_}; }
   void set_state(const State& st) {

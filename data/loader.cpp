@@ -70,6 +70,34 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
   skip(static_cast<int64_t>(world_ - 1 - rank_) * B_);  // those of higher ranks
 }
 
+std::vector<uint8_t> DataLoader::State::to_bytes() const {
+  std::vector<uint8_t> b(kBytes);
+  for (int i = 0; i < 8; ++i) {
+    b[size_t(i)] = uint8_t(static_cast<uint64_t>(epoch) >> (8 * i));
+    b[size_t(8 + i)] = uint8_t(static_cast<uint64_t>(index) >> (8 * i));
+  }
+  return b;
+}
+
+DataLoader::State DataLoader::State::from_bytes(const std::vector<uint8_t>& b,
+                                                const std::string& path) {
+  if (b.size() != kBytes)
+    fail(path, ": data_state holds ", b.size(), " bytes, expected ", kBytes,
+         " (damaged checkpoint or another program's file)");
+  uint64_t e = 0, i = 0;
+  for (int k = 0; k < 8; ++k) {
+    e |= uint64_t(b[size_t(k)]) << (8 * k);
+    i |= uint64_t(b[size_t(8 + k)]) << (8 * k);
+  }
+  State s;
+  s.epoch = static_cast<int64_t>(e);
+  s.index = static_cast<int64_t>(i);
+  if (s.epoch < 0 || s.index < 0)
+    fail(path, ": data_state position (epoch ", s.epoch, ", window ", s.index,
+         ") is negative, expected both >= 0 (damaged checkpoint)");
+  return s;
+}
+
 void DataLoader::reset() { set_state({0, 0}); }
 
 void DataLoader::set_state(const State& s) {

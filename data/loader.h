@@ -12,6 +12,7 @@
 // batches an uninterrupted run would.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "data/dataset.h"
@@ -32,6 +33,13 @@ class DataLoader {
   struct State {
     int64_t epoch = 0;
     int64_t index = 0;  // window of the epoch's order where the next group of micro-batches starts
+    // Serialised field by field (checkpoint record data_state): kBytes little-endian bytes,
+    // epoch then index as i64 (the raw struct's layout, so version 1..2 checkpoints read
+    // the same).
+    static constexpr size_t kBytes = 16;
+    std::vector<uint8_t> to_bytes() const;
+    // Refuses (st::Error naming `path`) a wrong size or a negative field.
+    static State from_bytes(const std::vector<uint8_t>& b, const std::string& path);
   };
   State state() const { return {epoch_, index_}; }
   void set_state(const State& s);

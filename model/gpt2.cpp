@@ -18,6 +18,27 @@ void GPT2Config::validate() const {
   ST_CHECK(padded_vocab_size == 0 || padded_vocab_size >= vocab_size,
            "model.padded_vocab_size (", padded_vocab_size, ") is below vocab_size (",
            vocab_size, ")");
+  check_model_shape(*this, "model");
+}
+
+void check_model_shape(const GPT2Config& c, const std::string& what) {
+  auto range = [&](const char* field, int64_t v, int64_t hi) {
+    if (v < 1 || v > hi)
+      fail(what, ": ", field, " = ", v, " is out of range, expected 1..", hi,
+           " (a damaged file or not a GPT-2 model)");
+  };
+  range("n_layer", c.n_layer, kMaxLayers);
+  range("n_embd", c.n_embd, kMaxEmbd);
+  range("n_head", c.n_head, c.n_embd);
+  if (c.n_embd % c.n_head != 0)
+    fail(what, ": n_embd = ", c.n_embd, " is not divisible by n_head = ", c.n_head,
+         " (each head gets n_embd / n_head channels)");
+  range("max_seq_len", c.max_seq_len, kMaxSeqLen);
+  range("vocab_size", c.vocab_size, kMaxVocab);
+  if (c.padded_vocab_size != 0 &&
+      (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size > kMaxVocab))
+    fail(what, ": padded_vocab_size = ", c.padded_vocab_size, " is out of range, expected 0 "
+         "(automatic) or vocab_size (", c.vocab_size, ") to ", kMaxVocab);
 }
 
 int GPT2Config::vp() const {

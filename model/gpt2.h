@@ -34,9 +34,25 @@ struct GPT2Config {
   int n_layer = 12;
   int n_head = 12;
   int n_embd = 768;
-  void validate() const;  // throws naming the bad field
+  void validate() const;  // throws naming the bad field (check_model_shape's bounds too)
   int vp() const;         // padded vocabulary
 };
+
+// Bounds of a model shape (the one place they are set): generous for GPT-2-style models
+// (GPT-2 XL: 48 layers, n_embd 1600, 1024 positions, vocabulary 50257) and small enough
+// that num_parameters() and byte counts of FP64 arrays of that many values cannot
+// overflow 64-bit arithmetic (at most ~5.4e13 parameters). Shapes read from files (llm.c
+// headers, safetensors, checkpoints) are checked against them before anything is sized
+// from them.
+inline constexpr int kMaxLayers = 1024;
+inline constexpr int kMaxEmbd = 65536;
+inline constexpr int kMaxSeqLen = 1 << 20;
+inline constexpr int kMaxVocab = 1 << 24;  // padded vocabulary included
+// Throws st::Error "<what>: <field> = <value> ..., expected ..." unless 1 <= n_layer <=
+// kMaxLayers, 1 <= n_embd <= kMaxEmbd, n_head >= 1 divides n_embd, 1 <= max_seq_len <=
+// kMaxSeqLen, 1 <= vocab_size <= kMaxVocab, and padded_vocab_size is 0 (automatic) or in
+// [vocab_size, kMaxVocab].
+void check_model_shape(const GPT2Config& c, const std::string& what);
 
 enum ParamId {
   kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,

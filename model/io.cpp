@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -53,14 +54,10 @@ void write_atomic(const std::string& path, const std::string& head, const void* 
   }
 }
 
+// Bounds (model/gpt2.h) checked before anything is sized from the shape: num_parameters()
+// then cannot overflow.
 void check_config(const GPT2Config& c, const std::string& path) {
-  try {
-    c.validate();
-  } catch (const std::exception& e) {
-    fail(path, ": bad model shape: ", e.what());
-  }
-  if (c.n_embd % c.n_head != 0)
-    fail(path, ": n_embd ", c.n_embd, " is not divisible by n_head ", c.n_head);
+  check_model_shape(c, path + ": bad model shape");
 }
 
 // One tensor of the safetensors file: its HF name, shape, and where it sits in our flat
@@ -134,6 +131,111 @@ size_t dtype_bytes(const std::string& dtype) {
   return 0;
 }
 
+// Bytes per element of every dtype of the safetensors spec (0: unknown).
+size_t any_dtype_bytes(const std::string& d) {
+  if (d == "BOOL" || d == "U8" || d == "I8" || d == "F8_E5M2" || d == "F8_E4M3") return 1;
+  if (d == "I16" || d == "U16" || d == "F16" || d == "BF16") return 2;
+  if (d == "I32" || d == "U32" || d == "F32") return 4;
+  if (d == "I64" || d == "U64" || d == "F64") return 8;
+  return 0;
+}
+
+std::string clip(const std::string& s) { return s.size() <= 40 ? s : s.substr(0, 40) + "..."; }
+
+// The whole layout of a safetensors file, before any value is read: every entry but
+// __metadata__ is a tensor {dtype (known), shape (non-negative integers), data_offsets
+// [begin, end)} with begin <= end <= the data section and end - begin exactly
+// numel * dtype size; sorted by offset the tensors neither overlap nor leave a hole, and
+// they cover the data section exactly (the spec allows no holes; a wrong header length
+// shows up here). __metadata__, when present, maps strings to strings.
+void check_safetensors_layout(const nlohmann::json& header, uint64_t data_size,
+                              const std::string& path) {
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string name = clip(it.key());
+    const nlohmann::json& e = it.value();
+    if (it.key() == "__metadata__") {
+      if (!e.is_object()) fail(path, ": safetensors __metadata__ is not a JSON object");
+      for (auto m = e.begin(); m != e.end(); ++m)
+        if (!m.value().is_string())
+          fail(path, ": safetensors __metadata__ '", clip(m.key()),
+               "' is not a string (the format maps strings to strings)");
+      continue;
+    }
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
+        !e.contains("data_offsets") || !e["dtype"].is_string() || !e["shape"].is_array() ||
+        !e["data_offsets"].is_array())
+      fail(path, ": safetensors tensor '", name,
+           "' is not an object with dtype (string), shape and data_offsets (arrays)");
+    const std::string dtype = e["dtype"].get<std::string>();
+    const uint64_t eb = any_dtype_bytes(dtype);
+    if (!eb) fail(path, ": tensor '", name, "' has unknown dtype '", clip(dtype), "'");
+    // numel * eb in checked arithmetic: bounded by the data section or refused.
+    unsigned __int128 bytes = eb;
+    for (const nlohmann::json& d : e["shape"]) {
+      if (!d.is_number_unsigned())
+        fail(path, ": tensor '", name, "' has shape ", clip(e["shape"].dump()),
+             ", expected non-negative integers");
+      bytes *= d.get<uint64_t>();
+      if (bytes > data_size) bytes = data_size + 1;  // too big already; no overflow
+    }
+    const nlohmann::json& off = e["data_offsets"];
+    if (off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(path, ": tensor '", name, "' has data_offsets ", clip(off.dump()),
+           ", expected [begin, end] (non-negative integers)");
+    const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
+    if (b > en || en > data_size)
+      fail(path, ": tensor '", name, "' has data_offsets [", b, ", ", en,
+           "), expected begin <= end <= ", data_size,
+           " (the data section's size; truncated file?)");
+    if (bytes != en - b)
+      fail(path, ": tensor '", name, "' has data_offsets [", b, ", ", en, ") holding ", en - b,
+           " bytes, but shape ", clip(e["shape"].dump()), " of ", dtype, " needs ",
+           bytes > data_size ? std::string("more than the file holds")
+                             : std::to_string(uint64_t(bytes)));
+    spans.push_back({b, en, name});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) {
+    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
+  });
+  uint64_t at = 0;
+  const Span* prev = nullptr;
+  for (const Span& t : spans) {
+    if (t.begin < at)
+      fail(path, ": tensor '", t.name, "' data_offsets [", t.begin, ", ", t.end,
+           ") overlap tensor '", prev->name, "' [", prev->begin, ", ", prev->end, ")");
+    if (t.begin > at)
+      fail(path, ": bytes [", at, ", ", t.begin, ") of the data section belong to no tensor "
+           "(the format allows no holes: damaged file or wrong header length)");
+    at = t.end;
+    prev = &t;
+  }
+  if (at != data_size)
+    fail(path, ": bytes [", at, ", ", data_size, ") of the data section belong to no tensor "
+         "(the format allows no holes: damaged file or wrong header length)");
+}
+
+// An integer metadata value: the whole string a decimal integer in [lo, hi].
+int metadata_int(const nlohmann::json& meta, const char* key, int lo, int hi,
+                 const std::string& path) {
+  const std::string v = meta.at(key).get<std::string>();
+  int64_t x = 0;
+  bool ok = !v.empty() && v.size() <= 10;
+  for (char c : v) ok = ok && c >= '0' && c <= '9';
+  if (ok) {
+    for (char c : v) x = x * 10 + (c - '0');
+    ok = x >= lo && x <= hi;
+  }
+  if (!ok)
+    fail(path, ": safetensors __metadata__ ", key, " = '", clip(v), "', expected an integer in ",
+         lo, "..", hi);
+  return static_cast<int>(x);
+}
+
 }  // namespace
 
 ModelWeights load_safetensors_unchecked(const std::string& path, int n_head);
@@ -170,11 +272,12 @@ ModelWeights load_llmc(const std::string& path) {
   c.n_head = h[5];
   c.n_embd = h[6];
   c.padded_vocab_size = h[7];
-  if (c.n_layer <= 0 || c.n_head <= 0 || c.n_embd <= 0 || c.max_seq_len <= 0 || c.vocab_size <= 0)
-    fail(path, ": bad llm.c header: maxT ", h[2], ", V ", h[3], ", L ", h[4], ", NH ", h[5], ", C ", h[6]);
   if (c.padded_vocab_size == 0) c.padded_vocab_size = c.vocab_size;  // files older than Vp
-  check_config(c, path);
-  const int64_t n = num_parameters(c);
+  check_model_shape(c, path + ": bad llm.c header (maxT " + std::to_string(h[2]) + ", V " +
+                           std::to_string(h[3]) + ", L " + std::to_string(h[4]) + ", NH " +
+                           std::to_string(h[5]) + ", C " + std::to_string(h[6]) + ", Vp " +
+                           std::to_string(h[7]) + ")");
+  const int64_t n = num_parameters(c);  // < 2^46 within the bounds: no overflow below
   const size_t elem = h[1] == 3 ? 4 : 2;
   const size_t want = 1024 + static_cast<size_t>(n) * elem;
   if (s.size() != want)
@@ -302,6 +405,7 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
   const nlohmann::json header = nlohmann::json::parse(s.begin() + 8, s.begin() + 8 + static_cast<int64_t>(hn), nullptr, false);
   if (header.is_discarded() || !header.is_object()) fail(path, ": the safetensors header is not a JSON object");
   const size_t data0 = 8 + hn;
+  check_safetensors_layout(header, s.size() - data0, path);
   // Tensors by name, with the "transformer." prefix added where the file leaves it out.
   std::map<std::string, nlohmann::json> byname;
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -320,14 +424,32 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
   GPT2Config& c = w.config;
   const auto wte = shape_of("transformer.wte.weight"), wpe = shape_of("transformer.wpe.weight");
   if (wte.size() != 2 || wpe.size() != 2) fail(path, ": wte/wpe are not 2-D");
+  for (int64_t d : {wte[0], wte[1], wpe[0]})
+    if (d < 1 || d > kMaxVocab)
+      fail(path, ": wte/wpe shapes ", nlohmann::json(wte).dump(), ", ",
+           nlohmann::json(wpe).dump(), " are out of range (1..", kMaxVocab, ")");
   c.vocab_size = static_cast<int>(wte[0]);
   c.n_embd = static_cast<int>(wte[1]);
   c.max_seq_len = static_cast<int>(wpe[0]);
   c.n_layer = 0;
-  while (byname.count("transformer.h." + std::to_string(c.n_layer) + ".ln_1.weight")) ++c.n_layer;
+  while (c.n_layer <= kMaxLayers &&
+         byname.count("transformer.h." + std::to_string(c.n_layer) + ".ln_1.weight"))
+    ++c.n_layer;
   c.n_head = n_head;
-  if (header.contains("__metadata__") && header["__metadata__"].contains("n_head"))
-    c.n_head = std::stoi(header["__metadata__"]["n_head"].get<std::string>());
+  if (header.contains("__metadata__")) {
+    // Integer metadata (ours: the model shape) parsed strictly; where it states the shape
+    // the tensors must agree.
+    const nlohmann::json& meta = header["__metadata__"];
+    if (meta.contains("n_head")) c.n_head = metadata_int(meta, "n_head", 1, kMaxEmbd, path);
+    const std::pair<const char*, int> stated[] = {{"n_layer", c.n_layer},
+                                                  {"n_embd", c.n_embd},
+                                                  {"n_positions", c.max_seq_len},
+                                                  {"vocab_size", c.vocab_size}};
+    for (const auto& [key, have] : stated)
+      if (meta.contains(key) && metadata_int(meta, key, 1, kMaxVocab, path) != have)
+        fail(path, ": safetensors __metadata__ ", key, " = ", meta[key].get<std::string>(),
+             " but the tensors give ", have);
+  }
   if (c.n_head <= 0) fail(path, ": the file does not say n_head; give it (model.n_head)");
   c.padded_vocab_size = 0;
   check_config(c, path);
@@ -342,7 +464,16 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
     fail(path, ": ", byname.size(), " tensors, a GPT-2 with ", c.n_layer, " layers has ",
          expect.size(), extra.empty() ? "" : "; unexpected:" + extra);
   }
-  w.params.assign(static_cast<size_t>(num_parameters(c)), 0.0f);  // padded wte rows stay 0
+  // Every tensor's shape, dtype and size first: the shape taken from wte/wpe and the
+  // layer count says nothing about the other tensors' sizes, and num_parameters(c) values
+  // are allocated only once all of them are known to be in the file.
+  struct Src {
+    const HfTensor* t;
+    std::string dtype;
+    size_t eb;
+    uint64_t begin;
+  };
+  std::vector<Src> src;
   for (const HfTensor& t : expect) {
     const auto found = byname.find(t.name);
     if (found == byname.end()) fail(path, ": no tensor '", t.name, "' (not a GPT-2 safetensors file?)");
@@ -359,7 +490,15 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
     if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != n * eb || data0 + off[1] > s.size())
       fail(path, ": tensor '", t.name, "' has data_offsets ", nlohmann::json(off).dump(),
            " that do not hold ", n, " ", dtype, " values inside the file (truncated?)");
-    const char* p = s.data() + data0 + off[0];
+    src.push_back({&t, dtype, eb, off[0]});
+  }
+  w.params.assign(static_cast<size_t>(num_parameters(c)), 0.0f);  // padded wte rows stay 0
+  for (const Src& x : src) {
+    const HfTensor& t = *x.t;
+    const std::string& dtype = x.dtype;
+    const size_t eb = x.eb;
+    const uint64_t n = static_cast<uint64_t>(t.rows * t.cols);
+    const char* p = s.data() + data0 + x.begin;
     float* dst = w.params.data() + t.offset;
     if (!t.transposed) {
       for (uint64_t i = 0; i < n; ++i) dst[i] = to_float(p + i * eb, dtype);

@@ -136,6 +136,42 @@ TEST(Llmc, BadFilesAreRefused) {
             std::string::npos);
 }
 
+// Hostile llm.c headers: a 263 KB file claiming L = 357,908,024 and C = 65,536 made
+// num_parameters() overflow to 65,536, passed the size check and was loaded (then
+// bad_alloc building the model). Every field is bounded (model/gpt2.h) before the size
+// is computed and compared with the file.
+TEST(Llmc, HostileHeadersAreRefusedBeforeAllocating) {
+  auto file = [&](const std::string& name, std::array<int32_t, 6> f, size_t bytes) {
+    std::string b(bytes, '\0');
+    int32_t h[8] = {20240326, 3, f[0], f[1], f[2], f[3], f[4], f[5]};  // maxT V L NH C Vp
+    std::memcpy(b.data(), h, sizeof h);
+    const std::string q = (tmp() / name).string();
+    std::ofstream(q, std::ios::binary) << b;
+    return q;
+  };
+  const struct {
+    std::string path, expect;
+  } cases[] = {
+      // (Vp + maxT) * C + the wrapped layer terms = 65,536 parameters: the probe's file.
+      {file("overflow.bin", {725671, 50257, 357908024, 16, 65536, 50304}, 1024 + 65536 * 4),
+       "n_layer = 357908024 is out of range, expected 1..1024"},
+      {file("embd.bin", {16, 256, 1, 1, 131072, 256}, 4096), "n_embd = 131072"},
+      {file("seq.bin", {(1 << 20) + 1, 256, 1, 1, 8, 256}, 4096), "max_seq_len = 1048577"},
+      {file("vocab.bin", {16, (1 << 24) + 1, 1, 1, 8, 0}, 4096), "vocab_size = 16777217"},
+      {file("padded.bin", {16, 256, 1, 1, 8, 200}, 4096), "padded_vocab_size = 200"},
+      {file("heads.bin", {16, 256, 1, 3, 8, 256}, 4096), "not divisible by n_head = 3"},
+      {file("neg.bin", {16, 256, -2, 1, 8, 256}, 4096), "n_layer = -2"},
+      // Within bounds but far larger than the file: refused by size, nothing allocated.
+      {file("big.bin", {1 << 20, 1 << 24, 1024, 64, 65536, 1 << 24}, 4096),
+       "size mismatch"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { load_llmc(c.path); });
+    EXPECT_NE(e.find(c.path), std::string::npos) << e;
+    EXPECT_NE(e.find(c.expect), std::string::npos) << e;
+  }
+}
+
 TEST(Safetensors, HuggingFaceNamesLayoutsAndRoundTrip) {
   const ModelWeights w = random_weights(4);
   const GPT2Config& c = w.config;
@@ -224,6 +260,124 @@ TEST(Safetensors, BadFilesAreRefused) {
     EXPECT_NE(e.find(c.expect), std::string::npos) << e;
     std::printf("  %s\n", e.c_str());
   }
+}
+
+// Hostile safetensors layouts: each was loaded before (shifted or overlapping data read
+// as weights, "2.5" read as 2 heads) or gave "error: stoi".
+TEST(Safetensors, HostileLayoutsAndMetadataAreRefused) {
+  const ModelWeights w = random_weights(6);
+  const std::string p = (tmp() / "base.safetensors").string();
+  save_safetensors(p, w);
+  const std::string b = slurp(p);
+  uint64_t hn;
+  std::memcpy(&hn, b.data(), 8);
+  const nlohmann::ordered_json h0 = nlohmann::ordered_json::parse(b.substr(8, hn));
+  const std::string data0 = b.substr(8 + hn);
+  // A file from a header (padded with `pad` spaces), a header length `delta` off the truth.
+  auto file = [&](const std::string& name, const nlohmann::ordered_json& h, const std::string& data,
+                  size_t pad = 0, int64_t delta = 0) {
+    const std::string js = h.dump() + std::string(pad, ' ');
+    std::string out(8, '\0');
+    const uint64_t n = uint64_t(int64_t(js.size()) + delta);
+    std::memcpy(out.data(), &n, 8);
+    out += js + data;
+    const std::string q = (tmp() / name).string();
+    std::ofstream(q, std::ios::binary) << out;
+    return q;
+  };
+  const std::string wte = "transformer.wte.weight", lnfb = "transformer.ln_f.bias",
+                    lnfw = "transformer.ln_f.weight";
+  auto edit = [&](auto f) {
+    nlohmann::ordered_json h = h0;
+    f(h);
+    return h;
+  };
+  const struct {
+    std::string path, expect;
+  } cases[] = {
+      // Header length one short: the header's last padding byte becomes data, every tensor
+      // shifted by one byte.
+      {file("short_hdr.st", h0, data0, 8, -1), "belong to no tensor"},
+      {file("trailing.st", h0, data0 + "xxxx"), "bytes [" + std::to_string(data0.size())},
+      {file("overlap.st", edit([&](auto& h) { h[lnfb]["data_offsets"] = h[lnfw]["data_offsets"]; }),
+            data0),
+       "overlap tensor"},
+      {file("reversed.st", edit([&](auto& h) { h[lnfb]["data_offsets"] = {8, 4}; }), data0),
+       "data_offsets [8, 4), expected begin <= end"},
+      {file("size.st", edit([&](auto& h) { h[lnfb]["shape"] = {3}; }), data0),
+       "but shape [3] of F32 needs 12"},
+      {file("huge.st", edit([&](auto& h) { h[lnfb]["shape"] = {uint64_t(1) << 40, uint64_t(1) << 40}; }),
+            data0),
+       "needs more than the file holds"},
+      {file("negdim.st", edit([&](auto& h) { h[lnfb]["shape"] = {-8}; }), data0),
+       "expected non-negative integers"},
+      {file("dtype.st", edit([&](auto& h) { h[lnfb]["dtype"] = "F99"; }), data0),
+       "unknown dtype 'F99'"},
+      {file("notens.st", edit([&](auto& h) { h[lnfb] = 5; }), data0), "is not an object"},
+      {file("i32.st", edit([&](auto& h) { h[lnfb]["dtype"] = "I32"; }), data0),
+       "dtype I32 (F32, BF16, F16 or F64 expected)"},
+      {file("meta_obj.st", edit([&](auto& h) { h["__metadata__"] = 3; }), data0),
+       "__metadata__ is not a JSON object"},
+      {file("meta_num.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = 2; }), data0),
+       "__metadata__ 'n_head' is not a string"},
+      {file("half.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = "2.5"; }), data0),
+       "__metadata__ n_head = '2.5', expected an integer in 1..65536"},
+      {file("2x.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = "2x"; }), data0),
+       "n_head = '2x'"},
+      {file("empty.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = ""; }), data0),
+       "n_head = ''"},
+      {file("big.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = "99999999999"; }), data0),
+       "n_head = '99999999999'"},
+      {file("layers.st", edit([&](auto& h) { h["__metadata__"]["n_layer"] = "5"; }), data0),
+       "__metadata__ n_layer = 5 but the tensors give"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { load_weights(c.path); });
+    EXPECT_NE(e.find(c.path), std::string::npos) << e;
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.path << ": " << e;
+    EXPECT_EQ(e.find("stoi"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  // The unedited header, with padding, loads.
+  EXPECT_EQ(load_weights(file("padded.st", h0, data0, 8)).params, load_weights(p).params);
+}
+
+// A small file whose wte says n_embd 65536 and whose other tensors are tiny: the
+// parameters (~51e9 values) were allocated from that shape before the other tensors'
+// shapes were checked (std::bad_alloc). Now every tensor is checked first.
+TEST(Safetensors, ShapesAreCheckedBeforeTheParametersAreAllocated) {
+  const int64_t C = 65536;
+  nlohmann::ordered_json h;
+  uint64_t at = 0;
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    h[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {at, at + uint64_t(n) * 4}}};
+    at += uint64_t(n) * 4;
+  };
+  tensor("transformer.wte.weight", {1, C});
+  tensor("transformer.wpe.weight", {1, C});
+  for (const char* t : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
+                        "mlp.c_proj.bias"})
+    tensor(std::string("transformer.h.0.") + t, {1});
+  tensor("transformer.ln_f.weight", {1});
+  tensor("transformer.ln_f.bias", {1});
+  h["__metadata__"] = {{"n_head", "1"}};
+  std::string js = h.dump();
+  js.append((8 - js.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t n = js.size();
+  std::memcpy(out.data(), &n, 8);
+  out += js + std::string(at, '\0');
+  const std::string q = (tmp() / "wide.safetensors").string();
+  std::ofstream(q, std::ios::binary) << out;
+  const std::string e = error_of([&] { load_weights(q); });
+  EXPECT_NE(e.find(q), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor 'transformer.h.0.ln_1.weight' has shape [1], expected [65536]"),
+            std::string::npos)
+      << e;
 }
 
 // ---- through `train` ----

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "test_util.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -77,6 +78,59 @@ std::string write_yaml(const std::string& name, const std::string& text) {
 
 }  // namespace
 
+// A checksum-valid checkpoint with a hostile hooks_state (train/hooks.cpp parses it on
+// resume): an st::Error or a clean resume, never a crash.
+TEST(TrainBadInput, HostileHooksStateIsAnErrorNotACrash) {
+  auto cfg = [](const std::string& name) {
+    return parse_config(base_yaml((tmp_root() / name).string(), "fp32"), name + ".yaml",
+                        {"hooks.every=5"});
+  };
+  TrainOptions first = quiet();
+  first.stop_after = 5;
+  run_training(cfg("hooks_src"), first);
+  const std::string src = (tmp_root() / "hooks_src" / "ckpt_00000005.bin").string();
+  const CheckpointState good = load_checkpoint(src);
+  ASSERT_GE(good.hooks_state.size(), 24u);
+  auto u64_at = [](const std::vector<uint8_t>& b, size_t off) {
+    uint64_t x = 0;
+    for (int i = 0; i < 8; ++i) x |= uint64_t(b[off + size_t(i)]) << (8 * i);
+    return x;
+  };
+  auto set_u64 = [](std::vector<uint8_t>& b, size_t off, uint64_t x) {
+    for (int i = 0; i < 8; ++i) b[off + size_t(i)] = uint8_t(x >> (8 * i));
+  };
+  ASSERT_GT(u64_at(good.hooks_state, 8), 0u) << "no power-iteration vectors";
+  std::vector<std::vector<uint8_t>> hostile;
+  hostile.push_back({1, 2, 3});                                       // not the layout
+  hostile.push_back(std::vector<uint8_t>(good.hooks_state.begin(),    // cut short
+                                         good.hooks_state.begin() + 24));
+  hostile.push_back(good.hooks_state);  // first vector's length: 2^61 values
+  set_u64(hostile.back(), 24, uint64_t(1) << 61);
+  hostile.push_back(good.hooks_state);  // first vector's length 0: the rest misaligned
+  set_u64(hostile.back(), 24, 0);
+  hostile.push_back(good.hooks_state);  // counts of another model
+  set_u64(hostile.back(), 8, uint64_t(1) << 62);
+  int i = 0;
+  for (const auto& h : hostile) {
+    SCOPED_TRACE(i);
+    const std::string name = "hooks_bad" + std::to_string(i++);
+    fs::copy(tmp_root() / "hooks_src", tmp_root() / name, fs::copy_options::recursive);
+    CheckpointState s = good;
+    s.hooks_state = h;
+    save_checkpoint((tmp_root() / name / "ckpt_00000005.bin").string(), s);
+    TrainOptions again = quiet();
+    again.resume = true;
+    again.stop_after = 6;
+    try {
+      run_training(cfg(name), again);
+      std::printf("  hostile hooks_state %d: resumed\n", i - 1);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("hooks_state"), std::string::npos) << e.what();
+      std::printf("  hostile hooks_state %d: %s\n", i - 1, e.what());
+    }
+  }
+}
+
 class Resume : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Resume, TwoRunsIdenticalAndResumeIsBitExact) {
@@ -122,6 +176,27 @@ TEST_P(Resume, TwoRunsIdenticalAndResumeIsBitExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, Resume, ::testing::Values("fp32", "bf16", "fp16"));
+
+// Two identical runs write byte-identical checkpoints (no uninitialised padding, no wall
+// time in the file). The second run goes into the same directory (the config names it)
+// after the first one's is moved away.
+TEST(TrainDeterminism, IdenticalRunsWriteByteIdenticalCheckpoints) {
+  const fs::path dir = tmp_root() / "same_ckpt", first = tmp_root() / "same_ckpt_first";
+  TrainOptions o = quiet();
+  o.stop_after = 5;
+  run_training(config("same_ckpt", "fp32"), o);
+  fs::rename(dir, first);
+  run_training(config("same_ckpt", "fp32"), o);
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(first)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt_", 0) != 0) continue;
+    ASSERT_TRUE(fs::exists(dir / name)) << name;
+    EXPECT_TRUE(slurp(e.path()) == slurp(dir / name)) << name << " differs between the runs";
+    ++compared;
+  }
+  EXPECT_GE(compared, 1);
+}
 
 TEST(TrainBadInput, UnknownKeyWrongTypeOutOfRange) {
   const std::string dir = (tmp_root() / "bad_cfg").string();

@@ -1,10 +1,13 @@
-// Checkpoint file format, version 2 (version 1 = the same without the hooks_state record;
-// still read). All integers little-endian. Data-parallel runs add the records dist_world,
+// Checkpoint file format, version 3 (still read: version 2 = the same plus an elapsed_s
+// record (f64, wall time), version 1 = version 2 without the hooks_state record). Version 3
+// dropped elapsed_s so that identical training states give byte-identical files; rng_state
+// and data_state are serialised field by field (Rng::State, DataLoader::State::to_bytes).
+// All integers little-endian. Data-parallel runs add the records dist_world,
 // optim_shards, shard_rank, shard_begin and shard_end (checkpoint.h); they are optional,
 // written only when not at their defaults, so single-process files are unchanged (a build
 // older than them refuses a data-parallel checkpoint as an unknown record).
 //
-//   header   magic "STCKPT01" (8 bytes), format version (u32: 2; 1 is read too)
+//   header   magic "STCKPT01" (8 bytes), format version (u32: 3; 1 and 2 are read too)
 //   records  repeated up to the trailer, one per CheckpointState field, in any order:
 //              name length (u16, 1..64), name (ASCII, no terminator),
 //              type (u8: 1 i32, 2 i64, 3 f32, 4 f64, 5 bytes, 6 string),
@@ -16,7 +19,21 @@
 // reader checks size, magic, trailer length, checksum, version, then the records: every
 // field it knows exactly once with its type and length, no unknown names, consistent
 // optimizer arrays. Structural errors are reported only after the checksum matched, so a
-// damaged file always reads "corrupt". Big arrays are streamed in chunks and hashed in
+// damaged file always reads "corrupt". A checksum only proves the file is what its writer
+// wrote, so the values are then checked too ("inconsistent checkpoint: <field> = <value>,
+// expected ..."):
+//   step >= 0; 0 <= adam_step <= 2^31-1; loss_scale finite and > 0;
+//   loss_scale_good_steps >= 0; compute one of fp32, bf16, fp16, fp64;
+//   the shape records within check_model_shape's bounds (model/gpt2.h), padded_vocab_size
+//   >= vocab_size; master_elem_bytes 4 or 8, master/m/v of equal sizes, a multiple of it;
+//   master of exactly num_parameters(shape) values (rank files: shard_end - shard_begin,
+//   with 0 <= shard_begin <= shard_end <= num_parameters, shard_rank < optim_shards);
+//   1 <= dist_world <= 2^20, optim_shards 0 or dist_world, shard_rank >= -1 and no shard
+//   range without a shard_rank; rng_state and data_state empty (a file not written by the
+//   trainer) or exactly as Rng::State / DataLoader::State::from_bytes accept them;
+//   config_yaml empty or a YAML mapping whose model.{n_layer, n_head, n_embd, max_seq_len,
+//   vocab_size}, where present, are the decimal values of the shape records.
+// save_checkpoint checks only the structure (array sizes, shard fields). Big arrays are streamed in chunks and hashed in
 // the same pass: no second in-memory copy of master/m/v on save or load.
 #include "train/checkpoint.h"
 
@@ -31,7 +48,15 @@
 #include <memory>
 #include <sstream>
 
+#include <yaml-cpp/yaml.h>
+
+#include <climits>
+#include <cmath>
+
 #include "core/error.h"
+#include "core/rng.h"
+#include "data/loader.h"
+#include "model/gpt2.h"
 
 namespace st {
 namespace {
@@ -62,13 +87,20 @@ void visit_fields(S& s, F&& f) {
   f("loss_scale_good_steps", s.loss_scale_good_steps);
   f("rng_state", s.rng_state);
   f("data_state", s.data_state);
-  f("elapsed_s", s.elapsed_s);
+  f("elapsed_s", s.elapsed_s);      // versions 1..2 only
   f("hooks_state", s.hooks_state);  // since version 2
   f("dist_world", s.dist_world);    // optional (data-parallel runs)
   f("optim_shards", s.optim_shards);
   f("shard_rank", s.shard_rank);
   f("shard_begin", s.shard_begin);
   f("shard_end", s.shard_end);
+}
+
+// Whether format `version` has the record `name` (required unless is_optional).
+bool in_version(const char* name, uint32_t version) {
+  if (std::strcmp(name, "hooks_state") == 0) return version >= 2;
+  if (std::strcmp(name, "elapsed_s") == 0) return version <= 2;
+  return true;
 }
 
 // Optional records: absent means the default (checkpoint.h), and the writer leaves them out
@@ -199,6 +231,81 @@ std::string check_arrays(const CheckpointState& s) {
     os << "inconsistent array sizes: master is " << s.master.size()
        << " bytes, not a multiple of master_elem_bytes " << s.master_elem_bytes;
   return os.str();
+}
+
+// The values of a structurally sound state: bounds and agreement between the records
+// (the format comment lists the rules). Throws st::Error starting with `what`.
+void check_values(const CheckpointState& s, const std::string& what) {
+  const std::string bad = what + ": inconsistent checkpoint: ";
+  if (s.step < 0) fail(bad, "step = ", s.step, ", expected >= 0");
+  if (s.adam_step < 0 || s.adam_step > INT32_MAX)
+    fail(bad, "adam_step = ", s.adam_step, ", expected 0..", INT32_MAX);
+  if (!std::isfinite(s.loss_scale) || s.loss_scale <= 0)
+    fail(bad, "loss_scale = ", s.loss_scale, ", expected a finite value > 0");
+  if (s.loss_scale_good_steps < 0)
+    fail(bad, "loss_scale_good_steps = ", s.loss_scale_good_steps, ", expected >= 0");
+  if (s.compute != "fp32" && s.compute != "bf16" && s.compute != "fp16" && s.compute != "fp64")
+    fail(bad, "compute = '", s.compute.substr(0, 32), "' (", s.compute.size(),
+         " bytes), expected fp32, bf16, fp16 or fp64");
+  GPT2Config c;
+  c.n_layer = s.n_layer;
+  c.n_head = s.n_head;
+  c.n_embd = s.n_embd;
+  c.max_seq_len = s.max_seq_len;
+  c.vocab_size = s.vocab_size;
+  c.padded_vocab_size = s.padded_vocab_size;
+  if (s.padded_vocab_size < s.vocab_size || s.padded_vocab_size < 1)
+    fail(bad, "padded_vocab_size = ", s.padded_vocab_size, " is below vocab_size = ",
+         s.vocab_size);
+  check_model_shape(c, bad + "model shape records");
+  const int64_t np = num_parameters(c);  // no overflow within the shape bounds
+  const size_t eb = size_t(s.master_elem_bytes);  // 4 or 8: check_arrays ran first
+  if (s.dist_world > (1 << 20)) fail(bad, "dist_world = ", s.dist_world, ", expected 1..2^20");
+  if (s.shard_rank < -1) fail(bad, "shard_rank = ", s.shard_rank, ", expected -1 or a rank");
+  if (s.shard_rank < 0) {
+    if (s.shard_begin != 0 || s.shard_end != 0)
+      fail(bad, "shard elements [", s.shard_begin, ", ", s.shard_end,
+           ") in a file with no shard_rank, expected none");
+    if (s.master.size() / eb != uint64_t(np))
+      fail(bad, "master holds ", s.master.size() / eb, " values of ", eb,
+           " bytes but the shape records (n_layer ", c.n_layer, ", n_head ", c.n_head,
+           ", n_embd ", c.n_embd, ", max_seq_len ", c.max_seq_len, ", padded_vocab_size ",
+           c.padded_vocab_size, ") give ", np, " parameters");
+  } else if (s.shard_end > np) {
+    fail(bad, "shard elements [", s.shard_begin, ", ", s.shard_end, ") end past the ", np,
+         " parameters of the shape records");
+  }
+  // Empty: a checkpoint not written by the trainer (tools, tests); --resume refuses it.
+  if (!s.rng_state.empty()) Rng::State::from_bytes(s.rng_state, what + ": inconsistent checkpoint");
+  if (!s.data_state.empty())
+    DataLoader::State::from_bytes(s.data_state, what + ": inconsistent checkpoint");
+  if (s.config_yaml.empty()) return;
+  // config_yaml: where it states the model shape, it must be the shape records'.
+  YAML::Node root;
+  try {
+    root = YAML::Load(s.config_yaml);
+  } catch (const YAML::Exception& e) {
+    fail(bad, "config_yaml is not valid YAML (line ", e.mark.line + 1, ": ", e.msg, ")");
+  }
+  if (!root.IsMap()) fail(bad, "config_yaml is not a YAML mapping");
+  const YAML::Node model = root["model"];
+  if (!model) return;
+  if (!model.IsMap()) fail(bad, "config_yaml's model section is not a mapping");
+  const std::pair<const char*, int32_t> shape[] = {
+      {"n_layer", s.n_layer}, {"n_head", s.n_head}, {"n_embd", s.n_embd},
+      {"max_seq_len", s.max_seq_len}, {"vocab_size", s.vocab_size}};
+  for (const auto& [key, rec] : shape) {
+    const YAML::Node v = model[key];
+    if (!v) continue;
+    const std::string text = v.IsScalar() ? v.Scalar() : std::string("(not a scalar)");
+    int64_t x = 0;
+    bool ok = v.IsScalar() && !text.empty() && text.size() <= 12;
+    for (char ch : text) ok = ok && ch >= '0' && ch <= '9';
+    if (ok) x = std::stoll(text);  // at most 12 digits: in range
+    if (!ok || x != rec)
+      fail(bad, "config_yaml says model.", key, ": '", text.substr(0, 32),
+           "' but the record ", key, " is ", rec);
+  }
 }
 
 struct Fd {
@@ -397,6 +504,9 @@ void parse_records(Reader& r, CheckpointState& s) {
     visit_fields(s, [&](const char* field_name, auto& field) {
       if (!found && name == field_name) {
         found = true;
+        if (!in_version(field_name, version))
+          throw FormatError("record '" + name + "' is not part of format version " +
+                            std::to_string(version));
         if (seen[idx]) throw FormatError("duplicate record '" + name + "'");
         seen[idx] = true;
         get_value(r, name, RecType(type), len, field);
@@ -407,8 +517,7 @@ void parse_records(Reader& r, CheckpointState& s) {
   }
   size_t idx = 0;
   visit_fields(s, [&](const char* field_name, auto&) {
-    const bool optional = (version < 2 && std::strcmp(field_name, "hooks_state") == 0) ||
-                          is_optional(field_name);
+    const bool optional = !in_version(field_name, version) || is_optional(field_name);
     if (!seen[idx++] && !optional)
       throw FormatError(std::string("missing record '") + field_name + "'");
   });
@@ -438,7 +547,8 @@ std::string save_checkpoint(const std::string& path, const CheckpointState& s) {
     put_le<uint32_t>(header + kMagicBytes, kCheckpointVersion);
     w.put(header, sizeof header);
     visit_fields(s, [&](const char* name, const auto& v) {
-      if (is_optional(name) && at_default(name, s)) return;
+      if (!in_version(name, kCheckpointVersion) || (is_optional(name) && at_default(name, s)))
+        return;
       put_record(w, name, v, &v == static_cast<const void*>(&s.master) ? &master_sha : nullptr);
     });
     uint8_t len[8];
@@ -510,6 +620,7 @@ CheckpointState load_checkpoint(const std::string& path) {
   if (!format_error.empty()) fail(what, ": ", format_error);
   const std::string bad = check_arrays(s);
   if (!bad.empty()) fail(what, ": ", bad);
+  check_values(s, what);
   return s;
 }
 

@@ -13,7 +13,7 @@
 namespace st {
 
 inline constexpr char kCheckpointMagic[9] = "STCKPT01";  // first 8 bytes of every file
-inline constexpr uint32_t kCheckpointVersion = 2;        // written; versions 1..2 are read
+inline constexpr uint32_t kCheckpointVersion = 3;        // written; versions 1..3 are read
 
 struct CheckpointState {
   // Identity of the run, checked on resume.
@@ -33,10 +33,15 @@ struct CheckpointState {
   // Loss scaler.
   float loss_scale = 1.0f;
   int32_t loss_scale_good_steps = 0;
-  // RNG and data position: opaque byte blobs owned by their modules.
+  // RNG and data position, serialised field by field by their modules
+  // (Rng::State::to_bytes, DataLoader::State::to_bytes; never raw structs, whose padding
+  // would make the file depend on uninitialised memory).
   std::vector<uint8_t> rng_state;
   std::vector<uint8_t> data_state;
-  // Wall time so far (so elapsed keeps counting across resumes).
+  // Wall time of the run so far, as recorded by versions 1..2 (read back from them). Not
+  // written since version 3 (it made two identical runs' checkpoints differ): it stays 0
+  // when reading a version-3 file, and the trainer keeps wall time in the checkpoint
+  // record of metrics.jsonl instead.
   double elapsed_s = 0.0;
   // Stability-hook state (train/hooks.h: power-iteration vectors, delta-drift sums, spike
   // detector window), so a resumed run's diagnostics continue exactly. Empty in version 1.

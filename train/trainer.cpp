@@ -749,8 +749,8 @@ void Run::restore(const std::string& path) {
   }
   model_->set_adam_step(static_cast<int>(s.adam_step));
   model_->loss_scaler().set_state(s.loss_scale, s.loss_scale_good_steps);
-  rng_.set_state(pod_from<Rng::State>(s.rng_state, "rng_state", path));
-  train_loader_->set_state(pod_from<DataLoader::State>(s.data_state, "data_state", path));
+  rng_.set_state(Rng::State::from_bytes(s.rng_state, path));
+  train_loader_->set_state(DataLoader::State::from_bytes(s.data_state, path));
   step_ = s.step;
   elapsed_prev_ = s.elapsed_s;  // format versions 1..2; later ones: from metrics.jsonl below
   last_ckpt_ = path;
@@ -812,8 +812,8 @@ CheckpointState Run::checkpoint_state(int64_t step, double elapsed_s) const {
   }
   s.loss_scale = model_->loss_scaler().scale();
   s.loss_scale_good_steps = model_->loss_scaler().good_steps();
-  s.rng_state = pod_bytes(rng_.state());
-  s.data_state = pod_bytes(train_loader_->state());
+  s.rng_state = rng_.state().to_bytes();
+  s.data_state = train_loader_->state().to_bytes();
   s.elapsed_s = elapsed_s;
   if (lead()) s.hooks_state = hooks_->state();
   s.dist_world = world_;
@@ -824,7 +824,7 @@ CheckpointState Run::checkpoint_state(int64_t step, double elapsed_s) const {
 std::string Run::write_checkpoint(const std::string& name, int64_t step, double elapsed_s,
                                   const DataLoader::State& ds) {
   CheckpointState s = checkpoint_state(step, elapsed_s);
-  s.data_state = pod_bytes(ds);
+  s.data_state = ds.to_bytes();
   if (zero_) {
     // Every rank's shard first, the main file last: --resume only takes a checkpoint whose
     // main file exists, and that exists only once every shard was written.
