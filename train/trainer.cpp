@@ -783,7 +783,8 @@ void Run::restore(const std::string& path) {
     LogFile m(mpath);
     m << nlohmann::ordered_json{{"step", step_},
                                 {"checkpoint", checkpoint_name(step_)},
-                                {"weights_sha256", sha256_hex(s.master.data(), s.master.size())}}
+                                {"weights_sha256", sha256_hex(s.master.data(), s.master.size())},
+                                {"elapsed", elapsed_prev_}}
                 .dump()
       << "\n";
     m.close();
@@ -877,7 +878,10 @@ std::string Run::save(int64_t step, double elapsed_s) {
   inject_fault(rank_, step, "ckpt_written");
   log_->info("checkpoint {} (step {}), weights sha256 {}", path, step, sha);
   // (A crash right here loses this record; --resume writes it again: Run::restore.)
-  write_metrics({{"step", step}, {"checkpoint", checkpoint_name(step)}, {"weights_sha256", sha}});
+  write_metrics({{"step", step},
+                 {"checkpoint", checkpoint_name(step)},
+                 {"weights_sha256", sha},
+                 {"elapsed", elapsed_s}});  // wall time: not in the checkpoint (format 3)
   if (cfg_.train.keep_checkpoints > 0) {
     auto all = list_checkpoints(dir_);
     while (static_cast<int>(all.size()) > cfg_.train.keep_checkpoints) {
