@@ -702,3 +702,22 @@ TEST(compare_Tool, UsageAndMissingInputs) {
   expect_one_line_error(badopt, out);
   EXPECT_NE(badopt.err.find("--top"), std::string::npos) << badopt.err;
 }
+
+// Issue 19: a directory named metrics.jsonl was read as an empty file (no losses, exit 0);
+// a directory named config.yaml or ckpt_NNNNNNNN.bin went on to a confusing read error.
+// Each is a one-line error naming the path, and nothing is written.
+TEST(compare_Tool, NonRegularInputFilesAreRefused) {
+  const std::string a = train_run("a"), b = train_run("b");
+  for (const char* f : {"metrics.jsonl", "config.yaml", "ckpt_00000010.bin"}) {
+    const fs::path out = fresh_out_dir(std::string("nonreg_") + f);
+    const fs::path bad = tmp_root() / (std::string("b_nonreg_") + f);
+    fs::remove_all(bad);
+    fs::copy(b, bad);
+    fs::remove(bad / f);
+    fs::create_directories(bad / f / "x");
+    const Cmd c = compare(a + " " + bad.string() + " -o " + (out / "compare.csv").string());
+    expect_one_line_error(c, out);
+    EXPECT_NE(c.err.find((bad / f).string() + " is not a regular file"), std::string::npos)
+        << f << ": " << c.err;
+  }
+}
