@@ -522,3 +522,24 @@ TEST(Shards, FifoIsRefusedWithoutBlocking) {
   EXPECT_NE(error_of([&] { TokenShard::open(d, 0); }).find("not a regular file (a directory)"),
             std::string::npos);
 }
+
+// Issue 19: running out of memory printed "prepare_data: error: std::bad_alloc". A 400 MB
+// (sparse) input under a 300 MB address-space limit now gives one line that says what ran
+// out and what to do.
+TEST(Prepare, OutOfMemoryIsOneLine) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan reserves more address space than the limit";
+#endif
+  const fs::path dir = tmp() / "oom";
+  fs::create_directories(dir);
+  const std::string big = (dir / "big.txt").string();
+  { std::ofstream(big, std::ios::binary); }
+  ASSERT_EQ(truncate(big.c_str(), 400ll << 20), 0);
+  const Cmd r = run("ulimit -v 300000; " + std::string(ST_PREPARE_BIN) + " --input " + big +
+                    " --output " + (dir / "out").string() + " --tokenizer byte --quiet");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("prepare_data: error: out of memory while tokenizing", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  fs::remove(big);
+}
