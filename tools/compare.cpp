@@ -221,7 +221,7 @@ void read_metrics(Run& r) {
       const auto& v = j[key];
       if (v.is_null()) return kNaN;  // JSON has no NaN: nlohmann writes NaN/Inf as null
       if (!v.is_number())
-        fail(path, " line ", i + 1, ": \"", key, "\" is not a number (", v.dump(),
+        fail(path, " line ", i + 1, ": \"", key, "\" is not a number (", excerpt(v.dump(), 60),
              "); repair or delete that line");
       return v.get<double>();
     };
