@@ -4,9 +4,12 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/excerpt.h"
 #include "data/prepare.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
+
+namespace fs = std::filesystem;
 
 namespace st {
 
@@ -43,10 +46,19 @@ bool reads_as_shards(const std::string& path, const std::string& format) {
 
 namespace {
 
-int tokenizer_vocab(const std::string& tokenizer) {
-  if (tokenizer == "gpt2") return kGpt2VocabSize;
-  if (tokenizer == "byte") return 256;
-  fail("data.tokenizer: expected byte or gpt2, got '", tokenizer, "'");
+// The vocabulary tokens are checked against: 256 for bytes; for gpt2 the vocabulary of
+// data.tokenizer_dir's encoder.json when it is there (a vocabulary other than GPT-2's, up
+// to kMaxTokenVocab tokens, as prepare_data accepts), else GPT-2's 50257.
+int tokenizer_vocab(const DataSpec& spec) {
+  if (spec.tokenizer == "byte") return 256;
+  if (spec.tokenizer != "gpt2")
+    fail("data.tokenizer: expected byte or gpt2, got '", excerpt(spec.tokenizer), "'");
+  const std::string dir = spec.tokenizer_dir.empty() ? "." : spec.tokenizer_dir;
+  std::error_code ec;
+  if (!fs::is_regular_file(dir + "/encoder.json", ec)) return kGpt2VocabSize;
+  const int v = Gpt2Tokenizer(dir).vocab_size();
+  check_token_vocab(v, "data.tokenizer_dir: " + dir + "/encoder.json");
+  return v;
 }
 
 // Every shard matching `pattern`, checked against the vocabulary.
@@ -91,7 +103,8 @@ void prepare_missing(const DataSpec& spec, const std::function<void(const std::s
 TokenData load_token_data(const DataSpec& spec, const std::function<void(const std::string&)>& log) {
   TokenData d;
   d.tokenizer = spec.tokenizer;
-  d.vocab_size = tokenizer_vocab(spec.tokenizer);
+  if (spec.tokenizer != "byte" && spec.tokenizer != "gpt2")
+    fail("data.tokenizer: expected byte or gpt2, got '", excerpt(spec.tokenizer), "'");
   const bool train_shards = reads_as_shards(spec.train_path, spec.format);
   if (!spec.prepare_from.empty()) {
     if (!train_shards)
@@ -103,6 +116,7 @@ TokenData load_token_data(const DataSpec& spec, const std::function<void(const s
     if (spec.val_path.empty())
       fail("data.val_path: token shards need their own validation shards (set data.val_path, "
            "e.g. to the _val_ shards prepare_data wrote)");
+    d.vocab_size = tokenizer_vocab(spec);
     const std::string tr = load_shards(d.train, spec.train_path, d.vocab_size, "data.train_path");
     std::string va;
     if (reads_as_shards(spec.val_path, spec.format)) {
@@ -126,6 +140,7 @@ TokenData load_token_data(const DataSpec& spec, const std::function<void(const s
   o.val_fraction = spec.val_fraction;
   std::vector<uint16_t> train, val;
   const PrepareSummary s = tokenize_texts(o, train, val);
+  d.vocab_size = s.vocab_size;  // the tokenizer's, checked against the token format
   d.train.add(std::move(train));
   d.val.add(std::move(val));
   char bpt[32];

@@ -38,7 +38,10 @@ class TokenSet {
 
 struct TokenData {
   TokenSet train, val;
-  int vocab_size = 0;        // of the tokenizer: 256 byte, 50257 gpt2
+  // Of the tokenizer, every token below it: 256 byte; gpt2: the size of the encoder.json in
+  // data.tokenizer_dir (50257 for GPT-2's, at most kMaxTokenVocab; 50257 when shards are
+  // read and the folder has no encoder.json).
+  int vocab_size = 0;
   std::string tokenizer;     // byte | gpt2
   std::string description;   // for logs
 };

@@ -97,6 +97,9 @@ class Preparer {
     if (o.tokenizer == "gpt2") {
       tok_ = std::make_unique<Gpt2Tokenizer>(o.tokenizer_dir);
       sum_.vocab_size = tok_->vocab_size();
+      // Before any token is written: a larger id would wrap silently in a uint16.
+      const std::string dir = o.tokenizer_dir.empty() ? "." : o.tokenizer_dir;
+      check_token_vocab(sum_.vocab_size, dir + "/encoder.json");
     } else if (o.tokenizer == "byte") {
       sum_.vocab_size = 256;
     } else {

@@ -29,6 +29,13 @@ std::string prefix(const std::string& what, const std::string& path) {
 
 }  // namespace
 
+void check_token_vocab(int64_t vocab, const std::string& what) {
+  if (vocab < 1 || vocab > kMaxTokenVocab)
+    fail(what, ": a vocabulary of ", vocab, " tokens does not fit the token format (ids are stored",
+         " as uint16: at most ", kMaxTokenVocab, " tokens, ids 0..", kMaxTokenVocab - 1,
+         "); use a vocabulary of at most ", kMaxTokenVocab, " tokens");
+}
+
 void write_token_shard(const std::string& path, const uint16_t* tokens, int64_t n) {
   ST_CHECK(n >= 0 && n <= kShardMaxTokens, "shard ", path, ": ", n, " tokens");
   int32_t header[256] = {};
@@ -52,12 +59,18 @@ void write_token_shard(const std::string& path, const uint16_t* tokens, int64_t 
 
 TokenShard TokenShard::open(const std::string& path, int vocab, const std::string& what) {
   const std::string at = prefix(what, path);
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) fail(at, "cannot open token shard: ", std::strerror(errno));
+  // A FIFO or device is refused before open(): opening a FIFO blocks until a writer comes,
+  // so `train` would hang. O_NONBLOCK covers a path swapped between stat() and open().
   struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(at, "not a regular file (",
+         S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket",
+         "); a token shard is a file written by prepare_data");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail(at, "cannot open token shard: ", std::strerror(errno));
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail(at, "not a regular file");
+    fail(at, "not a regular file; a token shard is a file written by prepare_data");
   }
   const int64_t bytes = st.st_size;
   int32_t h[256] = {};
@@ -109,6 +122,8 @@ TokenShard TokenShard::open(const std::string& path, int vocab, const std::strin
 }
 
 bool is_token_shard(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;  // fopen of a FIFO would block
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return false;
   int32_t magic = 0;

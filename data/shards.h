@@ -15,6 +15,13 @@ inline constexpr int32_t kShardVersion = 1;
 inline constexpr int64_t kShardHeaderBytes = 1024;
 // Token counts that fit a shard: the header stores n as int32.
 inline constexpr int64_t kShardMaxTokens = 2147483647;
+// Token ids are stored as uint16, in shards and in memory (TokenSet): a vocabulary holds at
+// most 65536 tokens (ids 0..65535). The one rule for prepare_data, the text loader and
+// train's model.vocab_size, so that none accepts what another refuses.
+inline constexpr int kMaxTokenVocab = 65536;
+// Throws st::Error naming `what` (the tokenizer file or config key) when a vocabulary of
+// `vocab` tokens does not fit the token format.
+void check_token_vocab(int64_t vocab, const std::string& what);
 
 // Writes a shard atomically (temporary file + rename). Tokens must be in [0, 65536).
 void write_token_shard(const std::string& path, const uint16_t* tokens, int64_t n);

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <queue>
 #include <sstream>
 
 #include "core/error.h"
+#include "data/excerpt.h"
 
 namespace st {
 namespace {
@@ -69,6 +71,10 @@ inline CharClass class_of(uint32_t cp) {
 }
 
 std::string read_file(const std::string& path, const char* what) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    fail(what, ": cannot read '", path, "': not a regular file (a directory, FIFO or device?);",
+         " point the tokenizer directory at a copy of GPT-2's encoder.json and vocab.bpe");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     fail(what, ": cannot read '", path, "': ", std::strerror(errno),
@@ -200,8 +206,17 @@ void Gpt2Tokenizer::load(const std::string& encoder_path, const std::string& bpe
   for (int b = 0; b < 256; ++b) u2b[b2u[b]] = b;
   const std::string enc_text = read_file(encoder_path, "GPT-2 vocabulary");
   const std::string bpe_text = read_file(bpe_path, "GPT-2 merges");
-  nlohmann::json enc = nlohmann::json::parse(enc_text, nullptr, false);
-  if (enc.is_discarded() || !enc.is_object() || enc.empty())
+  nlohmann::json enc;
+  try {
+    enc = nlohmann::json::parse(enc_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.byte: where parsing stopped (1-based); at the end for a file cut short.
+    const bool at_end = e.byte >= enc_text.size();
+    fail(encoder_path, ": not a JSON object of token -> id: invalid JSON at byte ", e.byte, " of ",
+         enc_text.size(), at_end ? " (the file ends early: truncated?)" : "",
+         "; restore GPT-2's encoder.json");
+  }
+  if (!enc.is_object() || enc.empty())
     fail(encoder_path, ": not a JSON object of token -> id (is this GPT-2's encoder.json?)");
   bytes_.assign(enc.size(), std::string());
   std::vector<bool> seen(enc.size(), false);
@@ -210,7 +225,7 @@ void Gpt2Tokenizer::load(const std::string& encoder_path, const std::string& bpe
   for (auto it = enc.begin(); it != enc.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
         it.value().get<int64_t>() >= static_cast<int64_t>(enc.size()))
-      fail(encoder_path, ": token '", it.key(), "' has id ", it.value().dump(),
+      fail(encoder_path, ": token '", excerpt(it.key()), "' has id ", excerpt(it.value().dump()),
            ", expected an integer in [0, ", enc.size(), ")");
     const int32_t id = it.value().get<int32_t>();
     if (seen[id]) fail(encoder_path, ": id ", id, " is used twice");
@@ -221,7 +236,7 @@ void Gpt2Tokenizer::load(const std::string& encoder_path, const std::string& bpe
       uint32_t cp;
       i += utf8_char(reinterpret_cast<const unsigned char*>(key.data()) + i, key.size() - i, cp);
       if (cp == kInvalid || cp >= u2b.size() || u2b[cp] < 0)
-        fail(encoder_path, ": token '", key, "' (id ", id,
+        fail(encoder_path, ": token '", excerpt(key), "' (id ", id,
              ") holds a character outside GPT-2's byte alphabet");
       bytes.push_back(static_cast<char>(u2b[cp]));
     }
@@ -242,7 +257,16 @@ void Gpt2Tokenizer::load(const std::string& encoder_path, const std::string& bpe
   if (eot == id_of.end()) fail(encoder_path, ": no <|endoftext|> token");
   eot_ = eot->second;
 
-  // vocab.bpe: "#version: ..." then one "left right" merge per line, best first.
+  // vocab.bpe: "#version: ..." then one "left right" merge per line, best first. The last
+  // line must end with its newline: a file cut mid-line can still read as a valid pair
+  // ("Ġre gard" cut to "Ġre g") and would silently change the tokenization.
+  if (!bpe_text.empty() && bpe_text.back() != '\n') {
+    const size_t nl = bpe_text.find_last_of('\n');
+    const size_t start = nl == std::string::npos ? 0 : nl + 1;
+    fail(bpe_path, ":", std::count(bpe_text.begin(), bpe_text.end(), '\n') + 1,
+         ": the last line ('", excerpt(std::string_view(bpe_text).substr(start)),
+         "') has no newline: the file is truncated (restore GPT-2's vocab.bpe)");
+  }
   std::istringstream lines(bpe_text);
   std::string line;
   int lineno = 0;
@@ -255,11 +279,12 @@ void Gpt2Tokenizer::load(const std::string& encoder_path, const std::string& bpe
     const size_t sp = line.find(' ');
     if (sp == std::string::npos || sp == 0 || sp + 1 == line.size() ||
         line.find(' ', sp + 1) != std::string::npos)
-      fail(bpe_path, ":", lineno, ": expected two tokens separated by one space, got '", line, "'");
+      fail(bpe_path, ":", lineno, ": expected two tokens separated by one space, got '",
+           excerpt(line), "'");
     const std::string a = line.substr(0, sp), b = line.substr(sp + 1);
     auto ia = id_of.find(a), ib = id_of.find(b), iab = id_of.find(a + b);
     if (ia == id_of.end() || ib == id_of.end() || iab == id_of.end())
-      fail(bpe_path, ":", lineno, ": merge '", line, "' names a token missing from ",
+      fail(bpe_path, ":", lineno, ": merge '", excerpt(line), "' names a token missing from ",
            encoder_path, " (the two files do not belong together)");
     const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
     merges_.emplace(key, Merge{rank++, iab->second});  // a repeated pair keeps its best rank

@@ -702,3 +702,45 @@ TEST(compare_Tool, UsageAndMissingInputs) {
   expect_one_line_error(badopt, out);
   EXPECT_NE(badopt.err.find("--top"), std::string::npos) << badopt.err;
 }
+
+// Issue 19: a directory named metrics.jsonl was read as an empty file (no losses, exit 0);
+// a directory named config.yaml or ckpt_NNNNNNNN.bin went on to a confusing read error.
+// Each is a one-line error naming the path, and nothing is written.
+TEST(compare_Tool, NonRegularInputFilesAreRefused) {
+  const std::string a = train_run("a"), b = train_run("b");
+  for (const char* f : {"metrics.jsonl", "config.yaml", "ckpt_00000010.bin"}) {
+    const fs::path out = fresh_out_dir(std::string("nonreg_") + f);
+    const fs::path bad = tmp_root() / (std::string("b_nonreg_") + f);
+    fs::remove_all(bad);
+    fs::copy(b, bad);
+    fs::remove(bad / f);
+    fs::create_directories(bad / f / "x");
+    const Cmd c = compare(a + " " + bad.string() + " -o " + (out / "compare.csv").string());
+    expect_one_line_error(c, out);
+    EXPECT_NE(c.err.find((bad / f).string() + " is not a regular file"), std::string::npos)
+        << f << ": " << c.err;
+  }
+}
+
+// Issue 19: a metrics.jsonl value quoted in an error was echoed whole (a 5000-character
+// string, escapes and all). It is a short excerpt now; a binary line is escaped.
+TEST(compare_Tool, QuotedMetricsContentIsShortAndPrintable) {
+  const std::string a = train_run("a"), b = train_run("b");
+  const fs::path bad = tmp_root() / "b_long_value";
+  fs::remove_all(bad);
+  fs::copy(b, bad);
+  std::ofstream(bad / "metrics.jsonl", std::ios::app)
+      << "{\"step\":21,\"loss\":\"" << std::string(5000, 'q') << "\"}\n";
+  const fs::path out = fresh_out_dir("long_value");
+  const Cmd c = compare(a + " " + bad.string() + " -o " + (out / "compare.csv").string());
+  expect_one_line_error(c, out);
+  EXPECT_NE(c.err.find("\"loss\" is not a number (\"qqq"), std::string::npos) << c.err;
+  EXPECT_LT(c.err.size(), 400u) << c.err;
+  // A line of binary bytes that is not the last: quoted escaped.
+  std::ofstream(bad / "metrics.jsonl", std::ios::trunc | std::ios::binary)
+      << std::string("\x01\xfe\xff garbage\n") << slurp(fs::path(b) / "metrics.jsonl");
+  const Cmd m = compare(a + " " + bad.string() + " -o " + (out / "compare.csv").string());
+  expect_one_line_error(m, out);
+  EXPECT_NE(m.err.find("'\\x01\\xfe\\xff garbage'"), std::string::npos) << m.err;
+  for (char ch : m.err) EXPECT_TRUE(ch == '\n' || (ch >= 0x20 && ch < 0x7f)) << m.err;
+}

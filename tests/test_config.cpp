@@ -4,12 +4,18 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <functional>
+#include <future>
+#include <memory>
+#include <thread>
 #include <limits>
 #include <string>
 #include <vector>
@@ -413,4 +419,85 @@ TEST(Config, HelpMentionsEveryKey) {
   EXPECT_HAS(line, "(0, 10]");
   EXPECT_HAS(help, "fp32|bf16|fp16|fp64");
   EXPECT_HAS(help, "[1, 96]");
+}
+
+// Issue 19: everything after a '---' line was silently ignored (YAML::Load reads the first
+// document only).
+TEST(Config, MultiDocumentFileIsRefused) {
+  const std::string m = parse_error("train: {lr: 0.001}\n---\ntrain: {lr: 5}\n");
+  EXPECT_HAS(m, "holds 2 YAML documents (the second starts at line 3");
+  EXPECT_HAS(m, "remove the '---'");
+  // A leading '---' (one document) is still fine.
+  EXPECT_EQ(parse_config("---\ntrain: {lr: 0.002}\n", kFile).train.lr, 0.002);
+}
+
+// Issue 19: model.vocab_size up to 1000000 was accepted though token ids are uint16, and
+// sizes no machine holds got as far as std::bad_alloc. Ranges follow the token format, and
+// a config needing more than 1e12 values, or more than INT_MAX tokens per step, is refused.
+TEST(Config, UpperBoundsFollowTheTokenFormatAndMemory) {
+  EXPECT_HAS(parse_error("model: {vocab_size: 65537}\n"),
+             "model.vocab_size = 65537 is out of range (must be between 1 and 65536)");
+  EXPECT_EQ(parse_config("model: {vocab_size: 65536}\n", kFile).model.vocab_size, 65536);
+  const std::string help = config_help();
+  const size_t at = help.find("  model.vocab_size ");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_HAS(help.substr(at, help.find('\n', at) - at), "[1, 65536]");
+  EXPECT_HAS(parse_error("model: {max_seq_len: 65536}\n"
+                         "train: {batch_size: 4096, seq_len: 65536, grad_accum_steps: 8}\n"),
+             "tokens per step is more than 2147483647");
+  const std::string m = parse_error(
+      "model: {n_layer: 96, n_head: 64, n_embd: 8192, max_seq_len: 65536}\n"
+      "train: {batch_size: 64, seq_len: 65536}\n");
+  EXPECT_HAS(m, "more than the limit of 1e+12");
+  EXPECT_HAS(m, "model.n_layer 96");
+  // GPT-2 124M at B=64, T=1024 is well inside.
+  EXPECT_NO_THROW(parse_config("model: {n_layer: 12, n_head: 12, n_embd: 768, max_seq_len: 1024,"
+                               " vocab_size: 50304}\ntrain: {batch_size: 64, seq_len: 1024}\n",
+                               kFile));
+}
+
+// Issue 19: a value quoted in an error is a short printable excerpt, not raw bytes.
+TEST(Config, BinaryValuesAreEscapedInErrors) {
+  const std::string m = parse_error("train: {lr: \"\\x01\\xfe" + std::string(200, 'z') + "\"}\n");
+  EXPECT_HAS(m, "expected a number, got '\\x01\\xc3\\xbe");
+  EXPECT_HAS(m, "zzz...'");
+  EXPECT_LT(m.size(), 200u) << m;
+  for (char ch : m) EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << m;
+}
+
+// Issue 19: a FIFO as the config file blocked load_config until a writer came.
+TEST(Config, FifoConfigIsRefusedWithoutBlocking) {
+  const std::string fifo = st::test::make_scratch_dir("st_config_fifo_").string() + "/config.yaml";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto msg = std::make_shared<std::string>();
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> fut = done->get_future();
+  std::thread([fifo, msg, done] {
+    try {
+      load_config(fifo);
+    } catch (const std::exception& e) {
+      *msg = e.what();
+    }
+    done->set_value();
+  }).detach();
+  if (fut.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "load_config blocked on a FIFO for 5 s";
+    const int fd = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // ends the blocked open
+    if (fd >= 0) close(fd);
+    fut.wait_for(std::chrono::seconds(5));
+  }
+  EXPECT_HAS(*msg, "cannot read config file '" + fifo + "': not a regular file");
+}
+
+// Issue 19: dist_memory parsed --ranks with std::stoi: "x" ended in "error: stoi", "2x" was
+// taken as 2. A rank count is parsed whole and named in the error.
+TEST(ToolArgs, DistMemoryRanksAreParsedWhole) {
+  const std::string out = st::test::make_scratch_dir("st_config_tool_").string() + "/err.txt";
+  for (const std::string& bad : {"x", "2x", "0"}) {
+    const int code = st::test::sh(std::string(ST_DIST_MEMORY_BIN) + " --config " ST_CONFIGS_DIR
+                                  "/tiny_shakespeare_bytes.yaml --ranks 1," + bad + " >/dev/null 2>" + out);
+    const std::string err = st::test::slurp(out);
+    EXPECT_EQ(code, 1) << err;
+    EXPECT_HAS(err, "dist_memory: error: --ranks: expected rank counts >= 1, got '" + bad + "'");
+  }
 }

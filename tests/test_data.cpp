@@ -3,12 +3,18 @@
 // the file named, the train/val split rule, and the loader's determinism, rank sharding and
 // exact restore.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <memory>
+#include <thread>
 #include <set>
 #include <sstream>
 
@@ -398,3 +404,142 @@ TEST(Loader, RanksPartitionEachEpochEqually) {
   EXPECT_EQ(static_cast<int64_t>(seen.size()), per_rank * world);
 }
 
+
+namespace {
+
+// A byte-level vocabulary of n tokens in `dir` (encoder.json, vocab.bpe): the 256 byte
+// tokens at ids 0..255, "ab" (one merge, "a b"), <|endoftext|> at `eot`, fillers elsewhere.
+std::string write_vocab(const std::string& name, int n, int eot) {
+  const fs::path dir = tmp() / name;
+  fs::create_directories(dir);
+  const auto b2u = gpt2_byte_to_unicode();
+  auto key = [](uint32_t cp) {
+    std::string k;
+    if (cp < 0x80) k.push_back(static_cast<char>(cp));
+    else k += {static_cast<char>(0xc0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3f))};
+    return k == "\"" ? std::string("\\\"") : k == "\\" ? std::string("\\\\") : k;
+  };
+  std::string j = "{";
+  for (int id = 0; id < n; ++id) {
+    const std::string k = id == eot ? "<|endoftext|>" : id < 256 ? key(b2u[id]) : id == 256 ? "ab"
+                                                                                         : "t" + std::to_string(id);
+    j += (id ? ", \"" : "\"") + k + "\": " + std::to_string(id);
+  }
+  std::ofstream(dir / "encoder.json", std::ios::binary) << j << "}";
+  std::ofstream(dir / "vocab.bpe", std::ios::binary) << "#version: 0.2\na b\n";
+  return dir.string();
+}
+
+}  // namespace
+
+// Issue 19: a 70,001-token vocabulary made prepare_data store id 70000 as 4464 (uint16 wrap)
+// and exit 0. It is refused up front: ids are uint16, a vocabulary holds at most 65536.
+TEST(Prepare, VocabularyAboveTheTokenFormatIsRefused) {
+  const std::string dir = write_vocab("vocab70001", 70001, 70000);
+  const std::string out = (tmp() / "out70001").string();
+  const Cmd r = run(std::string(ST_PREPARE_BIN) + " --input " + kShakespeare + " --output " + out +
+                    " --tokenizer-dir " + dir);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find(dir + "/encoder.json: a vocabulary of 70001 tokens does not fit the token "
+                             "format (ids are stored as uint16: at most 65536 tokens"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(fs::exists(out + "/tinyshakespeare_train_000000.bin"));
+}
+
+// Issue 19: vocabularies of 50,258..65,536 were accepted by prepare_data and refused by
+// train (shards checked against GPT-2's 50257). Now one rule (data/shards.h: kMaxTokenVocab):
+// a 65536-token vocabulary, <|endoftext|> = 65535, prepares, loads as shards and as text
+// with that vocabulary, and model.vocab_size 65536 is a valid config.
+TEST(Dataset, VocabularyRuleAgreesBetweenPrepareAndTrain) {
+  const std::string dir = write_vocab("vocab65536", 65536, 65535);
+  PrepareOptions o = options({kShakespeare}, "v65536");
+  o.tokenizer_dir = dir;
+  const PrepareSummary s = prepare_shards(o);
+  EXPECT_EQ(s.vocab_size, 65536);
+  const auto train = glob_files(o.train_pattern), val = glob_files(o.val_pattern);
+  ASSERT_EQ(train.size(), 1u);
+  EXPECT_EQ(shard_tokens(train[0]).front(), 65535);  // <|endoftext|> opens the document
+
+  DataSpec ds;
+  ds.train_path = o.train_pattern;
+  ds.val_path = o.val_pattern;
+  ds.tokenizer = "gpt2";
+  ds.tokenizer_dir = dir;
+  TokenData d = load_token_data(ds);
+  EXPECT_EQ(d.vocab_size, 65536);
+  EXPECT_EQ(d.train.to_vector().front(), 65535);
+  ds.train_path = kShakespeare;  // text, tokenized on load
+  ds.val_path.clear();
+  d = load_token_data(ds);
+  EXPECT_EQ(d.vocab_size, 65536);
+  // The config side of the rule.
+  EXPECT_EQ(parse_config("model: {vocab_size: 65536}\n", "x.yaml").model.vocab_size, 65536);
+  EXPECT_NE(error_of([] { parse_config("model: {vocab_size: 65537}\n", "x.yaml"); })
+                .find("between 1 and 65536"),
+            std::string::npos);
+  // With GPT-2's own files, those shards hold tokens outside its 50257.
+  ds.train_path = o.train_pattern;
+  ds.val_path = o.val_pattern;
+  ds.tokenizer_dir = kVocabDir;
+  EXPECT_NE(error_of([&] { load_token_data(ds); }).find("outside the vocabulary of 50257"),
+            std::string::npos);
+}
+
+// Issue 19: a FIFO as a shard path hung `train` (open() waits for a writer). It is refused
+// before it is opened.
+TEST(Shards, FifoIsRefusedWithoutBlocking) {
+  const std::string fifo = (tmp() / "fifo_train.bin").string();
+  fs::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto msg = std::make_shared<std::string>();
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> fut = done->get_future();
+  std::thread([fifo, msg, done] {
+    try {
+      DataSpec ds;
+      ds.train_path = fifo;
+      ds.val_path = fifo;
+      load_token_data(ds);
+    } catch (const std::exception& e) {
+      *msg = e.what();
+    }
+    done->set_value();
+  }).detach();
+  if (fut.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "opening a FIFO as a token shard blocked for 5 s";
+    const int fd = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // ends the blocked open
+    if (fd >= 0) close(fd);
+    fut.wait_for(std::chrono::seconds(5));
+  }
+  EXPECT_NE(msg->find("data.train_path: " + fifo + ": not a regular file (a FIFO)"), std::string::npos)
+      << *msg;
+  EXPECT_FALSE(is_token_shard(fifo));
+  // A directory named like a shard, too.
+  const std::string d = (tmp() / "dir_shard.bin").string();
+  fs::create_directories(d);
+  EXPECT_NE(error_of([&] { TokenShard::open(d, 0); }).find("not a regular file (a directory)"),
+            std::string::npos);
+}
+
+// Issue 19: running out of memory printed "prepare_data: error: std::bad_alloc". A 400 MB
+// (sparse) input under a 300 MB address-space limit now gives one line that says what ran
+// out and what to do.
+TEST(Prepare, OutOfMemoryIsOneLine) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan reserves more address space than the limit";
+#endif
+  const fs::path dir = tmp() / "oom";
+  fs::create_directories(dir);
+  const std::string big = (dir / "big.txt").string();
+  { std::ofstream(big, std::ios::binary); }
+  ASSERT_EQ(truncate(big.c_str(), 400ll << 20), 0);
+  const Cmd r = run("ulimit -v 300000; " + std::string(ST_PREPARE_BIN) + " --input " + big +
+                    " --output " + (dir / "out").string() + " --tokenizer byte --quiet");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("prepare_data: error: out of memory while tokenizing", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  fs::remove(big);
+}

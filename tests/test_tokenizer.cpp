@@ -212,3 +212,49 @@ TEST(Tokenizer, BadVocabularyFiles) {
   std::printf("  bad merge: %s\n", e.c_str());
   fs::remove_all(dir);
 }
+
+// Issue 19: a vocab.bpe cut mid-line ("Ġre gard" -> "Ġre g", still a valid-looking pair) or
+// cut after a single token was accepted, and a truncated encoder.json gave no position. A
+// last line without its newline is refused, naming file:line; a truncated encoder.json
+// says so; binary content is quoted escaped and short.
+TEST(Tokenizer, TruncatedVocabularyFilesAreRefused) {
+  const fs::path dir = st::test::make_scratch_dir("st_tok_trunc_");
+  const std::string enc = (dir / "encoder.json").string(), bpe = (dir / "vocab.bpe").string();
+  fs::copy_file(kVocabDir + "/encoder.json", enc);
+  const std::string full = slurp(kVocabDir + "/vocab.bpe");
+  ASSERT_EQ(full.back(), '\n');
+  const size_t last_line = std::count(full.begin(), full.end(), '\n');
+  // Cut inside the last merge's second token, and after the first token of it.
+  const size_t start = full.rfind('\n', full.size() - 2) + 1;
+  const size_t sp = full.find(' ', start);
+  for (const std::string& cut : {full.substr(0, full.size() - 2), full.substr(0, sp + 2),
+                                 full.substr(0, sp), full.substr(0, full.size() - 1)}) {
+    std::ofstream(bpe, std::ios::binary | std::ios::trunc) << cut;
+    const std::string e = error_of([&] { Gpt2Tokenizer t(enc, bpe); });
+    EXPECT_NE(e.find(bpe + ":" + std::to_string(last_line) + ": the last line"), std::string::npos) << e;
+    EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  }
+  // Intact, it loads.
+  std::ofstream(bpe, std::ios::binary | std::ios::trunc) << full;
+  EXPECT_NO_THROW(Gpt2Tokenizer t(enc, bpe));
+
+  const std::string json = slurp(kVocabDir + "/encoder.json");
+  std::ofstream(enc, std::ios::binary | std::ios::trunc) << json.substr(0, json.size() / 2);
+  std::string e = error_of([&] { Gpt2Tokenizer t(enc, bpe); });
+  EXPECT_NE(e.find(enc + ": not a JSON object of token -> id: invalid JSON at byte"), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+
+  // Binary content is escaped in the message.
+  std::ofstream(enc, std::ios::binary | std::ios::trunc) << "{\"\\u0001x\": -5}";
+  e = error_of([&] { Gpt2Tokenizer t(enc, bpe); });
+  EXPECT_NE(e.find("token '\\x01x' has id -5"), std::string::npos) << e;
+  for (char ch : e) EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << e;
+
+  // A directory in place of vocab.bpe.
+  fs::copy_file(kVocabDir + "/encoder.json", enc, fs::copy_options::overwrite_existing);
+  fs::remove(bpe);
+  fs::create_directories(bpe);
+  e = error_of([&] { Gpt2Tokenizer t(enc, bpe); });
+  EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+  fs::remove_all(dir);
+}

@@ -61,6 +61,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <new>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -75,6 +76,7 @@
 #include "analysis/slices.h"
 #include "analysis/weight_distance.h"
 #include "core/error.h"
+#include "data/excerpt.h"
 
 using namespace st;
 namespace fs = std::filesystem;
@@ -171,6 +173,10 @@ std::string dir_name(const std::string& dir) {
 
 void read_metrics(Run& r) {
   const std::string path = (fs::path(r.path) / "metrics.jsonl").string();
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    fail(path, " is not a regular file (a directory, FIFO or device?); a run directory written",
+         " by train holds metrics.jsonl as a file");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     fail("no metrics.jsonl in run directory '", r.arg, "' (", path,
@@ -201,8 +207,8 @@ void read_metrics(Run& r) {
                      path.c_str(), i + 1, line.size());
         continue;
       }
-      fail(path, " line ", i + 1, ": not a JSON object ('", line.substr(0, 60),
-           line.size() > 60 ? "...'" : "'", "); metrics.jsonl is written by train: repair or",
+      fail(path, " line ", i + 1, ": not a JSON object ('", excerpt(line, 60),
+           "'); metrics.jsonl is written by train: repair or",
            " delete that line");
     }
     const bool has_loss = j.contains("loss"), has_val = j.contains("val_loss");
@@ -215,7 +221,7 @@ void read_metrics(Run& r) {
       const auto& v = j[key];
       if (v.is_null()) return kNaN;  // JSON has no NaN: nlohmann writes NaN/Inf as null
       if (!v.is_number())
-        fail(path, " line ", i + 1, ": \"", key, "\" is not a number (", v.dump(),
+        fail(path, " line ", i + 1, ": \"", key, "\" is not a number (", excerpt(v.dump(), 60),
              "); repair or delete that line");
       return v.get<double>();
     };
@@ -239,8 +245,12 @@ void list_checkpoints(Run& r) {
   for (const auto& e : fs::directory_iterator(r.path, ec)) {
     const std::string name = e.path().filename().string();
     std::smatch m;
-    if (std::regex_match(name, m, ckpt_re))
-      r.ckpts[std::stoll(m[1])] = e.path().string();
+    if (std::regex_match(name, m, ckpt_re)) {
+      if (!e.is_regular_file(ec))
+        fail(e.path().string(), " is not a regular file (a directory, FIFO or device?); a",
+             " checkpoint is a file written by train: remove or rename it");
+      r.ckpts[std::stoll(m[1])] = e.path().string();  // 8 digits: cannot overflow
+    }
     else if (std::regex_match(name, tmp_re))
       temps.push_back(e.path().string());
   }
@@ -277,6 +287,9 @@ void read_config(Run& r) {
     return;
   }
   r.config_path = p.string();
+  if (std::error_code ec; !fs::is_regular_file(p, ec))
+    fail(r.config_path, " is not a regular file (a directory, FIFO or device?); restore the",
+         " config.yaml train wrote, or remove it to check shapes from the checkpoints only");
   try {
     flatten(YAML::LoadFile(r.config_path), "", r.config);
   } catch (const YAML::Exception& e) {
@@ -804,6 +817,10 @@ int main(int argc, char** argv) {
     std::printf("\nwrote %s (%zu rows)", out_csv.c_str(), n_rows);
     if (!file_mode) std::printf(" and %s (%zu rows)", loss_csv.c_str(), n_loss_rows);
     std::printf("\n");
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "compare: error: out of memory while loading checkpoints (compare fewer"
+                         " runs at once, or free memory)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "compare: error: %s\n", one_line(e.what()).c_str());
     return 1;

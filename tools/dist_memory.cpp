@@ -9,12 +9,15 @@
 //   dist_memory [--config configs/gpt2_small.yaml] [--ranks 1,2,8] [--precisions fp32,bf16]
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/error.h"
+#include "data/excerpt.h"
 #include "dist/comm.h"
 #include "model/gpt2.h"
 #include "train/config.h"
@@ -56,7 +59,10 @@ int main(int argc, char** argv) {
       const st::DType compute = st::parse_dtype(prec);
       const double low = (compute == st::DType::BF16 || compute == st::DType::F16) ? 2 : 4;
       for (const std::string& rs : split(ranks)) {
-        const int N = std::stoi(rs);
+        int N = 0;  // whole field (std::stoi took "2x" as 2 and threw "stoi" on "x")
+        const auto [end, ec] = std::from_chars(rs.data(), rs.data() + rs.size(), N);
+        if (rs.empty() || ec != std::errc() || end != rs.data() + rs.size() || N < 1)
+          st::fail("--ranks: expected rank counts >= 1, got '", st::excerpt(rs), "'");
         for (int zero = 0; zero <= 1; ++zero) {
           if (N == 1 && zero) continue;
           st::OptimShard shard;

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <new>
 #include <filesystem>
 
 #include "data/prepare.h"
@@ -100,6 +101,10 @@ int main(int argc, char** argv) {
       o.progress = [&bar](int64_t d, int64_t t) { bar(d, t); };
     const st::PrepareSummary s = st::prepare_shards(o);
     std::fputs(s.text().c_str(), stdout);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "prepare_data: error: out of memory while tokenizing (free memory, or"
+                         " split the input into smaller files)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "prepare_data: error: %s\n", e.what());
     return 1;

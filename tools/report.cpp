@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <new>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -102,6 +103,10 @@ int main(int argc, char** argv) {
     }
     std::printf("report: %s (%zu run%s, %.0f kB)\n", out.c_str(), data.size(), data.size() == 1 ? "" : "s",
                 static_cast<double>(html.size()) / 1024.0);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "report: error: out of memory while reading the runs or building the"
+                         " report (try --no-checkpoints, or fewer runs)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "report: error: %s\n", e.what());
     return 1;

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -21,6 +22,8 @@
 #include <variant>
 
 #include "core/error.h"
+#include "data/excerpt.h"
+#include "data/shards.h"
 
 namespace st {
 namespace {
@@ -58,6 +61,10 @@ struct Key {
 
 constexpr const char* kFormats = "auto|bf16|fp16|fp32|fp64";
 
+// Parameters with their gradients and AdamW moments plus activations, in values: above this
+// the config is a typo, not a model (validate()).
+constexpr double kMaxModelValues = 1e12;
+
 // Order here is the order of config_to_yaml and config_help. Top-level keys come first.
 const Key kSchema[] = {
     {"device", [](Config& c) -> Ref { return &c.device; }, any(),
@@ -68,11 +75,12 @@ const Key kSchema[] = {
     {ST_KEY(run, seed), any(), "seed for initialisation, data order and sampling"},
     {ST_KEY(run, threads), closed(0, 1024), "CPU threads; 0: all cores"},
 
-    {ST_KEY(model, n_layer), closed(1, 96), "transformer blocks"},
-    {ST_KEY(model, n_head), closed(1, 64), "attention heads; must divide n_embd"},
-    {ST_KEY(model, n_embd), closed(1, 8192), "residual stream width C"},
-    {ST_KEY(model, max_seq_len), closed(1, 65536), "rows of the position embedding"},
-    {ST_KEY(model, vocab_size), closed(1, 1000000), "vocabulary: 256 byte, 50257 gpt2"},
+    {ST_KEY(model, n_layer), closed(1, kMaxLayers), "transformer blocks"},
+    {ST_KEY(model, n_head), closed(1, kMaxHeads), "attention heads; must divide n_embd"},
+    {ST_KEY(model, n_embd), closed(1, kMaxEmbd), "residual stream width C"},
+    {ST_KEY(model, max_seq_len), closed(1, kMaxSeqLen), "rows of the position embedding"},
+    {ST_KEY(model, vocab_size), closed(1, kMaxTokenVocab),
+     "vocabulary: 256 byte, 50257 gpt2; at most 65536 (token ids are stored as uint16)"},
     {ST_KEY(model, init_from), any(),
      "initial weights: llm.c model, safetensors or checkpoint; empty: from run.seed"},
 
@@ -88,7 +96,8 @@ const Key kSchema[] = {
 
     {ST_KEY(train, max_steps), closed(1, 1e9), "optimizer steps"},
     {ST_KEY(train, batch_size), closed(1, 4096), "micro-batch size B"},
-    {ST_KEY(train, seq_len), closed(1, 65536), "tokens per sequence T; at most model.max_seq_len"},
+    {ST_KEY(train, seq_len), closed(1, kMaxSeqLen),
+     "tokens per sequence T; at most model.max_seq_len"},
     {ST_KEY(train, grad_accum_steps), closed(1, 4096), "micro-batches per optimizer step"},
     {ST_KEY(train, lr), open_closed(0, 10), "peak learning rate, after warmup"},
     {ST_KEY(train, min_lr), closed(0, 10), "learning rate at the end of the decay; <= lr"},
@@ -296,7 +305,7 @@ Raw raw_of(const YAML::Node& n) {
 std::string describe(const Raw& r) {
   if (r.shape) return r.shape;
   if (r.text.empty()) return "an empty value";
-  return "'" + r.text + "'";
+  return "'" + excerpt(r.text, 60) + "'";
 }
 
 std::string trim(const std::string& s) {
@@ -416,6 +425,25 @@ void validate(Config& c, const std::string& where) {
   if (t.min_lr > t.lr)
     fail(where, "train.min_lr = ", shortest(t.min_lr), " exceeds train.lr = ", shortest(t.lr),
          " (the schedule decays from lr down to min_lr)");
+  // Tokens per optimizer step are counted in int: B * T * grad_accum_steps must fit.
+  const double step_tokens = double(t.batch_size) * t.seq_len * t.grad_accum_steps;
+  if (step_tokens > INT_MAX)
+    fail(where, "train.batch_size x train.seq_len x train.grad_accum_steps = ", t.batch_size, " x ",
+         t.seq_len, " x ", t.grad_accum_steps, " = ", shortest(step_tokens),
+         " tokens per step is more than ", INT_MAX, " (lower one of them)");
+  // Sizes no machine holds (an extra zero in a key) are refused here, before anything is
+  // allocated, instead of ending in std::bad_alloc: weights with their gradient and AdamW
+  // state (4 values per parameter) plus a rough count of the activations kept for backward
+  // (per token and layer about 16 C plus the attention scores, and the logits).
+  const double C = m.n_embd, L = m.n_layer, V = m.vocab_size, T = t.seq_len, B = t.batch_size;
+  const double params = V * C + double(m.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const double values = 4 * params + B * T * (L * (16 * C + 2 * m.n_head * T) + 2 * V);
+  if (values > kMaxModelValues)
+    fail(where, "the model and batch need about ", shortest(std::round(values / 1e9)),
+         "e9 values (", shortest(std::round(params / 1e6)), "e6 parameters; model.n_layer ",
+         m.n_layer, ", n_embd ", m.n_embd, ", vocab_size ", m.vocab_size, ", train.batch_size ",
+         t.batch_size, ", seq_len ", t.seq_len, "), more than the limit of ",
+         shortest(kMaxModelValues), " (4 TB in FP32); lower them");
   // A smaller vocabulary would index past the embedding table on the first unseen token.
   const int tokens = c.data.tokenizer == "gpt2" ? 50257 : 256;
   if (m.vocab_size < tokens)
@@ -461,7 +489,14 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
   const std::string src = source.empty() ? "<config>" : source;
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    // All documents: a '---' line starts a second one, which YAML::Load would drop silently.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1)
+      fail(src, ": holds ", docs.size(), " YAML documents (the second starts at line ",
+           docs[1].Mark().line >= 0 ? std::to_string(docs[1].Mark().line + 1) : std::string("?"),
+           ", after a '---' line); a config is one document: remove the '---' and merge the",
+           " keys after it into the first");
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     fail(src, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg);
   }
@@ -498,7 +533,12 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  // stdio rather than ifstream: errno is reliable, and a directory fails on read (EISDIR).
+  // Only a regular file: fopen of a FIFO blocks until a writer comes, a directory reads empty.
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    fail("cannot read config file '", path, "': not a regular file (a directory, FIFO or",
+         " device?); give the YAML file");
+  // stdio rather than ifstream: errno is reliable.
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail("cannot read config file '", path, "': ", std::strerror(errno));
   std::string text;

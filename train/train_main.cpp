@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <new>
 
 #include "train/config.h"
 #include "train/trainer.h"
@@ -37,6 +38,10 @@ int main(int argc, char** argv) {
     const st::Config cfg = st::load_config(config_path, sets);
     const st::TrainResult r = st::run_training(cfg, opt);
     if (r.stop_signal) return 128 + r.stop_signal;  // as a shell reports a signal's end
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "train: error: out of memory while setting up or training the run (lower"
+                         " model.* sizes or train.batch_size / seq_len, or free memory)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error: %s\n", e.what());
     return 1;

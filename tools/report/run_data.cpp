@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/excerpt.h"
+#include "train/config.h"
 
 namespace fs = std::filesystem;
 
@@ -28,6 +31,10 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // The file's complete lines; *incomplete is set when the last line has no newline (and
 // is not returned). Throws naming the path when the file cannot be opened.
 std::vector<std::string> read_lines(const std::string& path, bool* incomplete) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    fail("'", path, "' is not a regular file (a directory, FIFO or device?); expected the file",
+         " train writes there");
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("cannot read '", path, "': ", std::strerror(errno));
   std::stringstream ss;
@@ -78,17 +85,51 @@ std::vector<int> need_cols(const CsvTable& t, const std::string& path, const std
   return out;
 }
 
-double field(const std::vector<std::string>& row, int c) { return c < 0 ? kNaN : to_num(row[c]); }
+// Strict parsing of one hook-CSV row: every field named in an error with file:line, the
+// value (a printable excerpt) and what was expected.
+struct RowCtx {
+  const std::string& path;
+  const CsvTable& t;
+  size_t row;
+  [[noreturn]] void bad(int c, const std::string& value, const std::string& expected) const {
+    fail(path, ":", t.line_no[row], ": field '", t.header[static_cast<size_t>(c)], "' = '",
+         excerpt(value), "': expected ", expected, " (the file is written by train's hooks:",
+         " repair or delete that line)");
+  }
+  const std::string& at(int c) const { return t.rows[row][static_cast<size_t>(c)]; }
+  // A whole-field integer in [lo, hi].
+  int64_t integer(int c, int64_t lo, int64_t hi, const std::string& expected) const {
+    const std::string& s = at(c);
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi)
+      bad(c, s, expected);
+    return v;
+  }
+  int64_t step(int c) const {
+    return integer(c, 0, std::numeric_limits<int64_t>::max(), "an integer step >= 0");
+  }
+  // A layer / head index below `n`; empty: -1 (a whole-model tensor).
+  int index(int c, int n, const char* what) const {
+    if (at(c).empty()) return -1;
+    return static_cast<int>(integer(c, 0, n - 1, "a " + std::string(what) + " index in [0, " +
+                                                      std::to_string(n - 1) + "] (" + what +
+                                                      "s of the run: " + std::to_string(n) + ")"));
+  }
+  // A number (nan / inf allowed: the hooks write them); empty: NaN; absent column: NaN.
+  double number(int c) const {
+    if (c < 0) return kNaN;
+    const std::string& s = at(c);
+    if (s.empty()) return kNaN;
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    if (end != s.c_str() + s.size()) bad(c, s, "a number");
+    return v;
+  }
+};
 
-// A step field; false when it is not a number (the row is skipped).
-bool to_step(const std::string& s, int64_t& step) {
-  const double v = to_num(s);
-  if (!std::isfinite(v)) return false;
-  step = static_cast<int64_t>(std::llround(v));
-  return true;
-}
-
-// Loads an optional CSV file with `parse` run on the table; failures become the note.
+// Loads an optional CSV file with `parse` run on the table; a missing file becomes the note,
+// one that cannot be read or holds a bad row throws.
 template <class F>
 void optional_csv(const std::string& dir, const std::string& file, FileState& state, const RunData& r, F parse) {
   const std::string path = (fs::path(dir) / file).string();
@@ -98,15 +139,12 @@ void optional_csv(const std::string& dir, const std::string& file, FileState& st
     state.note = "no " + file + (hint.empty() ? "" : ": " + hint);
     return;
   }
-  try {
-    const CsvTable t = read_csv(path);
-    const size_t bad_rows = parse(t, path);
-    state.present = true;
-    state.note = skipped_note(file, t.skipped_incomplete, t.skipped_bad + bad_rows);
-  } catch (const std::exception& e) {
-    state.present = false;
-    state.note = file + " could not be read: " + e.what();
-  }
+  // A file that is there but cannot be read, or holds a malformed row, is an error: a report
+  // that silently leaves out data would mislead.
+  const CsvTable t = read_csv(path);
+  parse(t, path);
+  state.present = true;
+  state.note = skipped_note(file, t.skipped_incomplete, t.skipped_bad);
 }
 
 void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
@@ -164,11 +202,12 @@ CsvTable read_csv(const std::string& path) {
   for (++i; i < lines.size(); ++i) {
     if (lines[i].find_first_not_of(" \t") == std::string::npos) continue;
     auto f = split_csv_line(lines[i]);
-    if (f.size() != t.header.size()) {
-      ++t.skipped_bad;
-      continue;
-    }
+    if (f.size() != t.header.size())
+      fail(path, ":", i + 1, ": ", f.size(), " field", f.size() == 1 ? "" : "s", " ('",
+           excerpt(lines[i]), "'), expected ", t.header.size(), " as in the header; repair or",
+           " delete that line");
     t.rows.push_back(std::move(f));
+    t.line_no.push_back(i + 1);
   }
   return t;
 }
@@ -183,8 +222,8 @@ double to_num(const std::string& s) {
 }
 
 int to_index(const std::string& s) {
-  const double v = to_num(s);
-  return std::isfinite(v) ? static_cast<int>(std::lround(v)) : -1;
+  const double v = to_num(s);  // out of int's range: -1, as unparsable (lround would overflow)
+  return std::isfinite(v) && std::fabs(v) < 2147483647.0 ? static_cast<int>(std::lround(v)) : -1;
 }
 
 std::string RunData::cfg(const std::string& key, const std::string& fallback) const {
@@ -257,6 +296,9 @@ RunData load_run(const std::string& dir) {
   // config.yaml
   const fs::path cfg = d / "config.yaml";
   if (fs::exists(cfg)) {
+    if (std::error_code ec; !fs::is_regular_file(cfg, ec))
+      fail("'", cfg.string(), "' is not a regular file (a directory, FIFO or device?); restore the",
+           " config.yaml train wrote, or remove it");
     try {
       flatten(YAML::LoadFile(cfg.string()), "", r.config);
     } catch (const std::exception& e) {
@@ -264,6 +306,19 @@ RunData load_run(const std::string& dir) {
     }
   } else {
     r.config_note = "no config.yaml";
+  }
+  // The shape keys size the report's tables: checked against train's bounds first.
+  for (const auto& [key, hi] : {std::pair<const char*, int>{"model.n_layer", kMaxLayers},
+                                {"model.n_head", kMaxHeads}, {"model.n_embd", kMaxEmbd},
+                                {"model.max_seq_len", kMaxSeqLen}}) {
+    const auto it = r.config.find(key);
+    if (it == r.config.end()) continue;
+    const std::string& v = it->second;
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n < 1 || n > hi)
+      fail(cfg.string(), ": ", key, " = '", excerpt(v), "': expected an integer between 1 and ", hi,
+           " (train's range; config.yaml is written by train: restore it)");
   }
   if (!r.cfg("run.name").empty()) r.name = r.cfg("run.name");
 
@@ -333,6 +388,9 @@ RunData load_run(const std::string& dir) {
   // events.jsonl
   const fs::path ep = d / "events.jsonl";
   if (fs::exists(ep)) {
+    if (std::error_code ec; !fs::is_regular_file(ep, ec))
+      fail("'", ep.string(), "' is not a regular file (a directory, FIFO or device?); expected the",
+           " file train writes there");
     try {
       bool inc = false;
       size_t ebad = 0;
@@ -370,81 +428,68 @@ RunData load_run(const std::string& dir) {
     r.events_state.note = "no events.jsonl" + (hint.empty() ? "" : ": " + hint);
   }
 
+  // Indices are bounded by the run's shape (config.yaml), else by train's limits.
+  const int L = r.cfg("model.n_layer").empty() ? kMaxLayers : to_index(r.cfg("model.n_layer"));
+  const int H = r.cfg("model.n_head").empty() ? kMaxHeads : to_index(r.cfg("model.n_head"));
   optional_csv(dir, "spectral.csv", r.spectral_state, r, [&](const CsvTable& t, const std::string& p) {
-    size_t bad = 0;
     const auto c = need_cols(t, p, {"step", "layer", "head", "matrix", "sigma"});
-    for (const auto& row : t.rows) {
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const RowCtx x{p, t, i};
       SpectralRow s;
-      if (!to_step(row[c[0]], s.step)) {
-        ++bad;
-        continue;
-      }
-      s.layer = to_index(row[c[1]]);
-      s.head = to_index(row[c[2]]);
-      s.matrix = row[c[3]];
-      s.sigma = to_num(row[c[4]]);
+      s.step = x.step(c[0]);
+      s.layer = x.index(c[1], L, "layer");
+      s.head = x.index(c[2], H, "head");
+      s.matrix = x.at(c[3]);
+      s.sigma = x.number(c[4]);
       r.spectral.push_back(s);
     }
-    return bad;
   });
   optional_csv(dir, "attn_stats.csv", r.attn_state, r, [&](const CsvTable& t, const std::string& p) {
-    size_t bad = 0;
     const auto c = need_cols(t, p, {"step", "layer", "head", "stat", "value"});
-    for (const auto& row : t.rows) {
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const RowCtx x{p, t, i};
       AttnRow a;
-      if (!to_step(row[c[0]], a.step)) {
-        ++bad;
-        continue;
-      }
-      a.layer = to_index(row[c[1]]);
-      a.head = to_index(row[c[2]]);
-      a.stat = row[c[3]];
-      a.value = to_num(row[c[4]]);
+      a.step = x.step(c[0]);
+      a.layer = x.index(c[1], L, "layer");
+      a.head = x.index(c[2], H, "head");
+      a.stat = x.at(c[3]);
+      a.value = x.number(c[4]);
       r.attn.push_back(a);
     }
-    return bad;
   });
   optional_csv(dir, "delta_drift.csv", r.drift_state, r, [&](const CsvTable& t, const std::string& p) {
-    size_t bad = 0;
     const auto c = need_cols(t, p, {"step", "layer", "head", "delta_drift_cum"});
     const int cd = t.col("delta_drift"), ca = t.col("delta_abs_err"), cn = t.col("dwq_err_norm"),
               cr = t.col("dwq_rel_err"), cc = t.col("dwq_cos_prev");
-    for (const auto& row : t.rows) {
-      DriftRow x;
-      if (!to_step(row[c[0]], x.step)) {
-        ++bad;
-        continue;
-      }
-      x.layer = to_index(row[c[1]]);
-      x.head = to_index(row[c[2]]);
-      x.cum = to_num(row[c[3]]);
-      x.drift = field(row, cd);
-      x.abs_err = field(row, ca);
-      x.dwq_err_norm = field(row, cn);
-      x.dwq_rel_err = field(row, cr);
-      x.cos_prev = field(row, cc);
-      r.drift.push_back(x);
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const RowCtx x{p, t, i};
+      DriftRow d;
+      d.step = x.step(c[0]);
+      d.layer = x.index(c[1], L, "layer");
+      d.head = x.index(c[2], H, "head");
+      d.cum = x.number(c[3]);
+      d.drift = x.number(cd);
+      d.abs_err = x.number(ca);
+      d.dwq_err_norm = x.number(cn);
+      d.dwq_rel_err = x.number(cr);
+      d.cos_prev = x.number(cc);
+      r.drift.push_back(d);
     }
-    return bad;
   });
   optional_csv(dir, "wasserstein.csv", r.wasserstein_state, r, [&](const CsvTable& t, const std::string& p) {
-    size_t bad = 0;
     const auto c = need_cols(t, p, {"step", "tensor", "layer", "head", "w1", "w1_normalized", "max_abs_diff"});
-    for (const auto& row : t.rows) {
-      DistRow x;
-      if (!to_step(row[c[0]], x.step)) {
-        ++bad;
-        continue;
-      }
-      x.tensor = row[c[1]];
-      x.layer = to_index(row[c[2]]);
-      x.head = to_index(row[c[3]]);
-      x.w1 = to_num(row[c[4]]);
-      x.w1_normalized = to_num(row[c[5]]);
-      x.max_abs_diff = to_num(row[c[6]]);
-      r.wasserstein.push_back(x);
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const RowCtx x{p, t, i};
+      DistRow d;
+      d.step = x.step(c[0]);
+      d.tensor = x.at(c[1]);
+      d.layer = x.index(c[2], L, "layer");
+      d.head = x.index(c[3], H, "head");
+      d.w1 = x.number(c[4]);
+      d.w1_normalized = x.number(c[5]);
+      d.max_abs_diff = x.number(c[6]);
+      r.wasserstein.push_back(d);
     }
-    return bad;
   });
   return r;
 }

@@ -1,9 +1,13 @@
 // Reading a run directory for `report` (formats: docs/run_files.md). Every file but the
-// directory itself and metrics.jsonl is optional: a missing or unreadable one leaves a
-// one-line note that the report prints in its place. CSV files are read by their header
+// directory itself and metrics.jsonl is optional: a missing one leaves a one-line note that
+// the report prints in its place (one that is there but not a regular file, or unreadable,
+// is an error). CSV files are read by their header
 // (columns in any order; an empty layer / head field is -1, an empty number NaN); a last
 // line without its newline is a run still writing and is skipped, as is a JSON line that
-// does not parse.
+// does not parse. Every other hook-CSV row is checked: field count, each field parsed whole,
+// step >= 0, layer / head indices below the run's model.n_layer / n_head (config.yaml, whose
+// shape keys are checked against train's bounds); a bad row throws st::Error naming
+// file:line and the field.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -15,11 +19,14 @@ namespace st::report {
 struct CsvTable {
   std::vector<std::string> header;
   std::vector<std::vector<std::string>> rows;  // each has header.size() fields
+  std::vector<size_t> line_no;                 // rows[i]'s line in the file (from 1)
   size_t skipped_incomplete = 0;  // a last line without a newline
-  size_t skipped_bad = 0;         // lines with the wrong number of fields
+  size_t skipped_bad = 0;         // always 0: a line with the wrong number of fields throws
   int col(const std::string& name) const;  // -1 when absent
 };
-// Throws st::Error naming the path when the file cannot be read or has no header.
+// Throws st::Error naming the path when the file is not a regular file, cannot be read or
+// has no header, and naming path:line when a line has another number of fields than the
+// header (a last line without its newline is skipped: the run is still writing).
 CsvTable read_csv(const std::string& path);
 // Splits one CSV line (no quoting beyond stripping surrounding double quotes).
 std::vector<std::string> split_csv_line(const std::string& line);
