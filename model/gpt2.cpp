@@ -29,7 +29,7 @@ void check_model_shape(const GPT2Config& c, const std::string& what) {
   };
   range("n_layer", c.n_layer, kMaxLayers);
   range("n_embd", c.n_embd, kMaxEmbd);
-  range("n_head", c.n_head, c.n_embd);
+  range("n_head", c.n_head, kMaxHeads);
   if (c.n_embd % c.n_head != 0)
     fail(what, ": n_embd = ", c.n_embd, " is not divisible by n_head = ", c.n_head,
          " (each head gets n_embd / n_head channels)");

@@ -38,20 +38,23 @@ struct GPT2Config {
   int vp() const;         // padded vocabulary
 };
 
-// Bounds of a model shape (the one place they are set): generous for GPT-2-style models
-// (GPT-2 XL: 48 layers, n_embd 1600, 1024 positions, vocabulary 50257) and small enough
-// that num_parameters() and byte counts of FP64 arrays of that many values cannot
-// overflow 64-bit arithmetic (at most ~5.4e13 parameters). Shapes read from files (llm.c
-// headers, safetensors, checkpoints) are checked against them before anything is sized
-// from them.
-inline constexpr int kMaxLayers = 1024;
-inline constexpr int kMaxEmbd = 65536;
-inline constexpr int kMaxSeqLen = 1 << 20;
+// Bounds of a model shape (the one place they are set; the ranges of the model.* keys in
+// `train --help-config` and the checks of every reader): generous for GPT-2-style models
+// (GPT-2 XL: 48 layers, 25 heads, n_embd 1600, 1024 positions, vocabulary 50257) and small
+// enough that num_parameters() and byte counts of FP64 arrays of that many values cannot
+// overflow 64-bit arithmetic. Shapes read from files (llm.c headers, safetensors,
+// checkpoints, a run's config.yaml) are checked against them before anything is sized from
+// them. Training vocabularies are further bounded by the token format (kMaxTokenVocab,
+// data/shards.h); kMaxVocab bounds weight files' (padded) vocabularies.
+inline constexpr int kMaxLayers = 96;
+inline constexpr int kMaxHeads = 64;
+inline constexpr int kMaxEmbd = 8192;
+inline constexpr int kMaxSeqLen = 65536;
 inline constexpr int kMaxVocab = 1 << 24;  // padded vocabulary included
 // Throws st::Error "<what>: <field> = <value> ..., expected ..." unless 1 <= n_layer <=
-// kMaxLayers, 1 <= n_embd <= kMaxEmbd, n_head >= 1 divides n_embd, 1 <= max_seq_len <=
-// kMaxSeqLen, 1 <= vocab_size <= kMaxVocab, and padded_vocab_size is 0 (automatic) or in
-// [vocab_size, kMaxVocab].
+// kMaxLayers, 1 <= n_embd <= kMaxEmbd, 1 <= n_head <= kMaxHeads divides n_embd,
+// 1 <= max_seq_len <= kMaxSeqLen, 1 <= vocab_size <= kMaxVocab, and padded_vocab_size is 0
+// (automatic) or in [vocab_size, kMaxVocab].
 void check_model_shape(const GPT2Config& c, const std::string& what);
 
 enum ParamId {

@@ -7,17 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "model/gpt2.h"
+
 namespace st {
 
-// Upper bounds of the model shape: the ranges of these keys in `train --help-config`. Readers
-// of a run directory (report, compare) check a run's config.yaml against them before sizing
-// anything by it. model.vocab_size is bounded by the token format: kMaxTokenVocab in
-// data/shards.h.
-inline constexpr int kMaxLayers = 96;
-inline constexpr int kMaxHeads = 64;
-inline constexpr int kMaxEmbd = 8192;
-inline constexpr int kMaxSeqLen = 65536;
-
+// Upper bounds of the model shape: kMaxLayers, kMaxHeads, kMaxEmbd, kMaxSeqLen of
+// model/gpt2.h (the ranges of these keys in `train --help-config`; readers of a run directory
+// check a run's config.yaml against them). model.vocab_size is bounded by the token format:
+// kMaxTokenVocab in data/shards.h.
 struct RunSection {
   std::string name = "run";
   std::string out_dir = "runs/run";  // the run directory

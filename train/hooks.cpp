@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <yaml-cpp/yaml.h>
 
 #include "analysis/weight_distance.h"
@@ -550,19 +551,22 @@ void check_reference_run(const Config& cfg) {
          "leave hooks.reference_run empty)");
   const std::string cy = dir + "/config.yaml";
   if (!fs::exists(cy)) fail(where, ": '", dir, "' has no config.yaml: not a run directory");
-  YAML::Node m;
-  try {
-    m = YAML::LoadFile(cy)["model"];
+  Config rc;
+  try {  // the reference's resolved config, through the config parser (bounds, one document)
+    rc = load_config(cy);
   } catch (const std::exception& e) {
-    fail(where, ": ", cy, ": ", e.what());
+    fail(where, ": ", e.what());
   }
   const std::pair<const char*, int> ours[] = {{"n_layer", cfg.model.n_layer},
                                               {"n_head", cfg.model.n_head},
                                               {"n_embd", cfg.model.n_embd},
                                               {"max_seq_len", cfg.model.max_seq_len},
                                               {"vocab_size", cfg.model.vocab_size}};
-  for (const auto& [key, v] : ours) {
-    const int r = m && m[key] ? m[key].as<int>() : -1;
+  const int theirs[] = {rc.model.n_layer, rc.model.n_head, rc.model.n_embd, rc.model.max_seq_len,
+                        rc.model.vocab_size};
+  for (size_t i = 0; i < std::size(ours); ++i) {
+    const auto& [key, v] = ours[i];
+    const int r = theirs[i];
     if (r != v)
       fail(where, ": the reference run's model.", key, " is ", r, ", this run's ", v,
            " (weights of different shapes cannot be compared)");

@@ -80,15 +80,21 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 // "section.key" -> value for every scalar in a YAML document (config comparison on resume).
 std::map<std::string, std::string> flatten(const std::string& yaml) {
   std::map<std::string, std::string> out;
-  const YAML::Node root = YAML::Load(yaml);
-  for (const auto& sec : root) {
-    const std::string s = sec.first.as<std::string>();
-    if (sec.second.IsMap()) {
-      for (const auto& kv : sec.second)
-        out[s + "." + kv.first.as<std::string>()] = kv.second.as<std::string>();
-    } else {
-      out[s] = sec.second.as<std::string>();
+  try {
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml);
+    if (docs.size() > 1) fail("holds ", docs.size(), " YAML documents, expected one");
+    if (docs.empty()) return out;
+    for (const auto& sec : docs[0]) {
+      const std::string s = sec.first.as<std::string>();
+      if (sec.second.IsMap()) {
+        for (const auto& kv : sec.second)
+          out[s + "." + kv.first.as<std::string>()] = kv.second.as<std::string>();
+      } else {
+        out[s] = sec.second.as<std::string>();
+      }
     }
+  } catch (const YAML::Exception& e) {
+    fail("a config that is not a mapping of scalars: ", e.msg);
   }
   return out;
 }
@@ -191,20 +197,6 @@ void load_tensor_bytes(Backend& be, const Tensor& t, const std::vector<uint8_t>&
   Tensor host = Tensor::empty(t.shape(), t.dtype());
   std::memcpy(host.raw(), bytes.data(), bytes.size());
   be.copy(t, host);
-}
-
-template <class T>
-std::vector<uint8_t> pod_bytes(const T& v) {
-  std::vector<uint8_t> b(sizeof v);
-  std::memcpy(b.data(), &v, sizeof v);
-  return b;
-}
-template <class T>
-T pod_from(const std::vector<uint8_t>& b, const char* what, const std::string& path) {
-  if (b.size() != sizeof(T)) fail(path, ": ", what, " has ", b.size(), " bytes, expected ", sizeof(T));
-  T v;
-  std::memcpy(&v, b.data(), sizeof v);
-  return v;
 }
 
 std::string fmt_duration(double s) {
@@ -697,7 +689,13 @@ void Run::restore(const std::string& path) {
   const CheckpointState s = load_checkpoint(path);
   // Refuse a checkpoint of another run; report other config changes. A key the checkpoint
   // does not have (written before it existed) counts as its default.
-  const auto old_cfg = flatten(s.config_yaml), new_cfg = flatten(config_to_yaml(cfg_));
+  std::map<std::string, std::string> old_cfg;
+  try {
+    old_cfg = flatten(s.config_yaml);
+  } catch (const Error& e) {
+    fail(path, ": its config_yaml record ", e.what());
+  }
+  const auto new_cfg = flatten(config_to_yaml(cfg_));
   const auto defaults = flatten(config_to_yaml(Config{}));
   for (const auto& [k, v] : new_cfg) {
     auto it = old_cfg.find(k);
@@ -756,7 +754,11 @@ void Run::restore(const std::string& path) {
   last_ckpt_ = path;
   last_ckpt_step_ = s.step;
   if (!lead()) return;
-  hooks_->resume(s.step, s.hooks_state);
+  try {
+    hooks_->resume(s.step, s.hooks_state);
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
   remove_orphans();
   // Keep the metrics of the steps the checkpoint covers; later lines are being redone. Cut
   // atomically (run_io.h): a crash here leaves the old file or the cut one.
