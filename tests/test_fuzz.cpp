@@ -677,7 +677,7 @@ std::string run_case(const Target& t, const fs::path& dir) {
 }
 
 // The child's work: findings, seeds, then the mutation cases. Exit status 0: no failure.
-int child_main(const Target& t, Shared* sh, const fs::path& out) {
+int child_main(const Target& t, Shared* sh, const fs::path& out, bool findings_pass) {
   if (!ST_FUZZ_ASAN) {
     rlimit lim{rlim_t(4) << 30, rlim_t(4) << 30};
     setrlimit(RLIMIT_AS, &lim);
@@ -717,9 +717,11 @@ int child_main(const Target& t, Shared* sh, const fs::path& out) {
     std::fflush(stdout);
     return false;
   };
-  // Reproducers of earlier findings.
-  for (const auto& [name, b] : read_entries(fs::path(ST_FUZZ_FINDINGS_DIR) / t.name))
-    if (only < 0 && !attempt("finding " + name, b, "finding_" + name) && !keep_going) return 1;
+  if (findings_pass) {  // reproducers of earlier findings, every one tried
+    for (const auto& [name, b] : read_entries(fs::path(ST_FUZZ_FINDINGS_DIR) / t.name))
+      attempt("finding " + name, b, "finding_" + name);
+    return failures ? 1 : 0;
+  }
   // The seeds themselves must load.
   for (const auto& [name, b] : seeds) {
     if (only >= 0) break;
@@ -768,40 +770,37 @@ int child_main(const Target& t, Shared* sh, const fs::path& out) {
   return failures ? 1 : 0;
 }
 
-class Fuzz : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(Fuzz, MutatedInputsLoadOrThrowStError) {
-  const std::string name = GetParam();
-  Target t;
-  for (const Target& x : targets())
-    if (x.name == name) t = x;
-  const fs::path out = fs::path(ST_FUZZ_OUT_DIR) / name;
+// Runs one pass of a target in a forked child: "" when every case passed, else what failed.
+std::string run_pass(const Target& t, bool findings) {
+  const fs::path out = fs::path(ST_FUZZ_OUT_DIR) / t.name;
   fs::create_directories(out);
   auto* sh = static_cast<Shared*>(
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(sh, MAP_FAILED);
+  if (sh == MAP_FAILED) return "mmap failed";
   sh->case_index = -1;
   sh->what[0] = 0;
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
+  if (pid < 0) return "fork failed";
   if (pid == 0) {
     int rc = 1;
     try {
-      rc = child_main(t, sh, out);
+      rc = child_main(t, sh, out, findings);
     } catch (const std::exception& e) {
-      std::printf("fuzz %s: harness error: %s\n", name.c_str(), e.what());
+      std::printf("fuzz %s: harness error: %s\n", t.name.c_str(), e.what());
     }
     std::fflush(stdout);
     std::fflush(stderr);
     _exit(rc);
   }
   int st = 0;
-  ASSERT_EQ(waitpid(pid, &st, 0), pid);
   std::string failure;
-  if (WIFSIGNALED(st)) {
-    const fs::path keep = out / ("crash_case" + std::to_string(sh->case_index));
+  if (waitpid(pid, &st, 0) != pid) {
+    failure = "waitpid failed";
+  } else if (WIFSIGNALED(st)) {
+    const fs::path keep = out / (findings ? std::string("crash_finding")
+                                          : "crash_case" + std::to_string(sh->case_index));
     std::error_code ec;
     fs::remove_all(keep, ec);
     fs::copy(out / "case", keep, fs::copy_options::recursive, ec);
@@ -811,14 +810,32 @@ TEST_P(Fuzz, MutatedInputsLoadOrThrowStError) {
     failure = "a case failed (see above); last: " + std::string(sh->what);
   }
   munmap(sh, sizeof(Shared));
+  return failure;
+}
+
+class Fuzz : public ::testing::TestWithParam<std::string> {};
+
+// Two passes, each in its own child: the reproducers of tests/fuzz/findings/<target>/, then
+// the seeds and the mutation cases (so a crashing finding does not stop the fuzzing).
+TEST_P(Fuzz, MutatedInputsLoadOrThrowStError) {
+  const std::string name = GetParam();
+  Target t;
+  for (const Target& x : targets())
+    if (x.name == name) t = x;
+  const std::string findings = env_int("STABLETRAIN_FUZZ_CASE", -1) >= 0 ? "" : run_pass(t, true);
+  const std::string fuzzing = run_pass(t, false);
   if (kKnownOpen.count(name)) {
-    if (failure.empty())
-      ADD_FAILURE() << "fuzz " << name << " no longer fails: remove it from kKnownOpen";
-    else
-      std::printf("fuzz %s: known open (issue 19), expected: %s\n", name.c_str(), failure.c_str());
+    if (findings.empty() && env_int("STABLETRAIN_FUZZ_CASE", -1) < 0)
+      ADD_FAILURE() << "fuzz " << name << ": its findings no longer fail: remove it from kKnownOpen";
+    if (!findings.empty())
+      std::printf("fuzz %s: known open (issue 19), expected: %s\n", name.c_str(), findings.c_str());
+    if (!fuzzing.empty())
+      std::printf("fuzz %s: known open (issue 19), fuzzing failed too (not counted): %s\n",
+                  name.c_str(), fuzzing.c_str());
     return;
   }
-  EXPECT_EQ(failure, "") << "fuzz " << name;
+  EXPECT_EQ(findings, "") << "fuzz " << name << " (findings)";
+  EXPECT_EQ(fuzzing, "") << "fuzz " << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Parsers, Fuzz,
