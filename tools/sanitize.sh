@@ -42,14 +42,22 @@ export OMPI_MCA_memory=^patcher
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 # Tests left out, with why:
-#   (none yet)
-exclude=""
+#   DtypeExhaustive.*AllFloats*: scalar float -> bf16/fp16 conversion of all 2^32 floats (no
+#     memory access to check, minutes under the sanitizers); the other DtypeExhaustive cases
+#     and the conversions inside every other test still run.
+exclude="^DtypeExhaustive\\..*AllFloats"
+# The data-parallel tests (DataParallel.*: train under mpirun) run in a second pass without
+# LeakSanitizer: its end-of-process scan crashes tracing OpenMPI's threads ("Tracer caught
+# signal 11 ... LeakSanitizer has encountered a fatal error"), and the leaks OpenMPI reports
+# are in MCA components it has already unloaded (unattributable, "<unknown module>").
+# ASan and UBSan stay on for them.
+mpi="^DataParallel\\."
 ctest_args=(--test-dir "$bdir" -L cpu --output-on-failure -j "$jobs" --timeout 1500)
-[ -n "$exclude" ] && ctest_args+=(-E "$exclude")
 # shellcheck disable=SC2206
 ctest_args+=(${SANITIZE_CTEST:-})
 rc=0
-ctest "${ctest_args[@]}" || rc=$?
+ctest "${ctest_args[@]}" -E "${exclude:+$exclude|}$mpi" || rc=$?
+ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" ctest "${ctest_args[@]}" -R "$mpi" || rc=$?
 t2=$(date +%s)
 echo "sanitize: build $((t1 - t0)) s, tests $((t2 - t1)) s"
 exit $rc
