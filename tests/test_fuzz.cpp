@@ -68,7 +68,8 @@
 #if defined(__SANITIZE_ADDRESS__)
 #define ST_FUZZ_ASAN 1
 // A size read from a damaged file must not abort the process in ASan's allocator: return
-// null (std::bad_alloc, which the fuzzer reports) for anything over 4 GiB.
+// null (std::bad_alloc, which the fuzzer reports) for anything over 4 GiB. (Read only where
+// the executable exports it; tools/sanitize.sh sets allocator_may_return_null=1 as well.)
 extern "C" const char* __asan_default_options() {
   return "allocator_may_return_null=1:max_allocation_size_mb=4096";
 }
