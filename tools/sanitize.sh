@@ -6,6 +6,9 @@
 # leaks at exit (tools/lsan.supp lists the third-party libraries' one-time allocations).
 # Subprocesses the tests start (train, compare, report, prepare_data, export_weights, under
 # mpirun too) are the instrumented binaries of build-asan/ and inherit these options.
+# Measured (2026-11-26, 2 cores shared with other builds, load average 5-9): build 37 min
+# (no ccache hits), tests about 17 min at -j2 in three parts (ModelFD.WholeGpt2Fp64 not timed:
+# over 4 min when it was stopped).
 #   SANITIZE_JOBS   build and ctest parallelism (default: nproc)
 #   SANITIZE_CTEST  extra ctest arguments (e.g. "-R Checkpoint")
 set -euo pipefail
