@@ -62,7 +62,7 @@ class CpuBackend : public Backend {
     const size_t n = static_cast<size_t>(src.numel());
     const DType a = src.dtype(), b = dst.dtype();
     if (a == b) {
-      std::memmove(dst.raw(), src.raw(), src.nbytes());
+      if (src.nbytes()) std::memmove(dst.raw(), src.raw(), src.nbytes());  // raw() may be null when empty
     } else if (a == DType::F32 && b == DType::BF16) {
       convert_f32_to_bf16(src.data<float>(), dst.data<uint16_t>(), n);
     } else if (a == DType::BF16 && b == DType::F32) {
