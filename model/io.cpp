@@ -440,7 +440,7 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
     // Integer metadata (ours: the model shape) parsed strictly; where it states the shape
     // the tensors must agree.
     const nlohmann::json& meta = header["__metadata__"];
-    if (meta.contains("n_head")) c.n_head = metadata_int(meta, "n_head", 1, kMaxEmbd, path);
+    if (meta.contains("n_head")) c.n_head = metadata_int(meta, "n_head", 1, kMaxHeads, path);
     const std::pair<const char*, int> stated[] = {{"n_layer", c.n_layer},
                                                   {"n_embd", c.n_embd},
                                                   {"n_positions", c.max_seq_len},

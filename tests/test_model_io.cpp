@@ -154,7 +154,7 @@ TEST(Llmc, HostileHeadersAreRefusedBeforeAllocating) {
   } cases[] = {
       // (Vp + maxT) * C + the wrapped layer terms = 65,536 parameters: the probe's file.
       {file("overflow.bin", {725671, 50257, 357908024, 16, 65536, 50304}, 1024 + 65536 * 4),
-       "n_layer = 357908024 is out of range, expected 1..1024"},
+       "n_layer = 357908024 is out of range, expected 1..96"},
       {file("embd.bin", {16, 256, 1, 1, 131072, 256}, 4096), "n_embd = 131072"},
       {file("seq.bin", {(1 << 20) + 1, 256, 1, 1, 8, 256}, 4096), "max_seq_len = 1048577"},
       {file("vocab.bin", {16, (1 << 24) + 1, 1, 1, 8, 0}, 4096), "vocab_size = 16777217"},
@@ -162,7 +162,7 @@ TEST(Llmc, HostileHeadersAreRefusedBeforeAllocating) {
       {file("heads.bin", {16, 256, 1, 3, 8, 256}, 4096), "not divisible by n_head = 3"},
       {file("neg.bin", {16, 256, -2, 1, 8, 256}, 4096), "n_layer = -2"},
       // Within bounds but far larger than the file: refused by size, nothing allocated.
-      {file("big.bin", {1 << 20, 1 << 24, 1024, 64, 65536, 1 << 24}, 4096),
+      {file("big.bin", {65536, 1 << 24, 96, 64, 8192, 1 << 24}, 4096),
        "size mismatch"},
   };
   for (const auto& c : cases) {
@@ -321,7 +321,7 @@ TEST(Safetensors, HostileLayoutsAndMetadataAreRefused) {
       {file("meta_num.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = 2; }), data0),
        "__metadata__ 'n_head' is not a string"},
       {file("half.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = "2.5"; }), data0),
-       "__metadata__ n_head = '2.5', expected an integer in 1..65536"},
+       "__metadata__ n_head = '2.5', expected an integer in 1..64"},
       {file("2x.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = "2x"; }), data0),
        "n_head = '2x'"},
       {file("empty.st", edit([&](auto& h) { h["__metadata__"]["n_head"] = ""; }), data0),
@@ -342,11 +342,12 @@ TEST(Safetensors, HostileLayoutsAndMetadataAreRefused) {
   EXPECT_EQ(load_weights(file("padded.st", h0, data0, 8)).params, load_weights(p).params);
 }
 
-// A small file whose wte says n_embd 65536 and whose other tensors are tiny: the
-// parameters (~51e9 values) were allocated from that shape before the other tensors'
-// shapes were checked (std::bad_alloc). Now every tensor is checked first.
+// A small file whose wte says the widest n_embd (8192; the probe's 65536 is now refused by
+// the shape bounds) and whose other tensors are tiny: the parameters (~0.8e9 values for one
+// layer) were allocated from that shape before the other tensors' shapes were checked
+// (std::bad_alloc at 65536). Now every tensor is checked first.
 TEST(Safetensors, ShapesAreCheckedBeforeTheParametersAreAllocated) {
-  const int64_t C = 65536;
+  const int64_t C = 8192;  // kMaxEmbd
   nlohmann::ordered_json h;
   uint64_t at = 0;
   auto tensor = [&](const std::string& name, std::vector<int64_t> shape) {
@@ -375,7 +376,7 @@ TEST(Safetensors, ShapesAreCheckedBeforeTheParametersAreAllocated) {
   std::ofstream(q, std::ios::binary) << out;
   const std::string e = error_of([&] { load_weights(q); });
   EXPECT_NE(e.find(q), std::string::npos) << e;
-  EXPECT_NE(e.find("tensor 'transformer.h.0.ln_1.weight' has shape [1], expected [65536]"),
+  EXPECT_NE(e.find("tensor 'transformer.h.0.ln_1.weight' has shape [1], expected [8192]"),
             std::string::npos)
       << e;
 }

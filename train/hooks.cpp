@@ -253,7 +253,7 @@ struct Reader {
     const uint64_t n = u64();
     ST_CHECK(n <= (b.size() - pos) / sizeof(double), "checkpoint hooks_state is truncated");
     std::vector<double> v(n);
-    std::memcpy(v.data(), b.data() + pos, n * sizeof(double));
+    if (n) std::memcpy(v.data(), b.data() + pos, n * sizeof(double));  // (no memcpy from null)
     pos += n * sizeof(double);
     return v;
   }
