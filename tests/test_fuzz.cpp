@@ -669,10 +669,11 @@ uint64_t name_hash(const std::string& s) {
 }
 
 // The symptom of one case: "" when it loaded or threw st::Error.
-std::string run_case(const Target& t, const fs::path& dir) {
+std::string run_case(const Target& t, const fs::path& dir, int64_t* refused = nullptr) {
   try {
     t.run(dir);
   } catch (const Error&) {
+    if (refused) ++*refused;
   } catch (const std::bad_alloc& e) {
     return std::string("std::bad_alloc: ") + e.what();
   } catch (const std::exception& e) {
@@ -702,11 +703,12 @@ int child_main(const Target& t, Shared* sh, const fs::path& out, bool findings_p
   const fs::path case_dir = out / "case";
   std::map<std::string, std::string> symptoms;  // distinct symptom -> first reproducer
   int failures = 0;
+  int64_t refused = 0;  // cases refused with st::Error (the others loaded, or failed)
   auto attempt = [&](const std::string& label, const Bundle& b, const std::string& save_as) {
     std::snprintf(sh->what, sizeof sh->what, "%s", label.c_str());
     write_bundle(case_dir, b);
     alarm(case_s);
-    const std::string sym = run_case(t, case_dir);
+    const std::string sym = run_case(t, case_dir, &refused);
     alarm(0);
     if (sym.empty()) return true;
     ++failures;
@@ -771,8 +773,13 @@ int child_main(const Target& t, Shared* sh, const fs::path& out, bool findings_p
     if (!attempt(label, b, "fail_case" + std::to_string(i)) && !keep_going) return 1;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("fuzz %s: %lld cases in %.2f s, %d failed, %zu distinct symptoms\n", t.name.c_str(),
-              (long long)ran, secs, failures, symptoms.size());
+  if (t.name == "compare")  // a subprocess: its one-line refusals (exit 1) are not told apart
+    std::printf("fuzz %s: %lld cases in %.2f s, %d failed, %zu distinct symptoms\n",
+                t.name.c_str(), (long long)ran, secs, failures, symptoms.size());
+  else
+    std::printf("fuzz %s: %lld cases in %.2f s, %d failed, %zu distinct symptoms; %lld refused "
+                "with st::Error, %lld accepted\n", t.name.c_str(), (long long)ran, secs, failures,
+                symptoms.size(), (long long)refused, (long long)(ran - refused - failures));
   for (const auto& [k, path] : symptoms) std::printf("  %s -> %s\n", k.c_str(), path.c_str());
   return failures ? 1 : 0;
 }
