@@ -493,7 +493,7 @@ TEST(Config, FifoConfigIsRefusedWithoutBlocking) {
 // taken as 2. A rank count is parsed whole and named in the error.
 TEST(ToolArgs, DistMemoryRanksAreParsedWhole) {
   const std::string out = st::test::make_scratch_dir("st_config_tool_").string() + "/err.txt";
-  for (const std::string& bad : {"x", "2x", "0"}) {
+  for (const std::string bad : {"x", "2x", "0"}) {
     const int code = st::test::sh(std::string(ST_DIST_MEMORY_BIN) + " --config " ST_CONFIGS_DIR
                                   "/tiny_shakespeare_bytes.yaml --ranks 1," + bad + " >/dev/null 2>" + out);
     const std::string err = st::test::slurp(out);
