@@ -215,6 +215,9 @@ void Gpt2Tokenizer::load(const std::string& encoder_path, const std::string& bpe
     fail(encoder_path, ": not a JSON object of token -> id: invalid JSON at byte ", e.byte, " of ",
          enc_text.size(), at_end ? " (the file ends early: truncated?)" : "",
          "; restore GPT-2's encoder.json");
+  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range: a number like 1e999
+    fail(encoder_path, ": not a JSON object of token -> id: ", e.what(),
+         "; restore GPT-2's encoder.json");
   }
   if (!enc.is_object() || enc.empty())
     fail(encoder_path, ": not a JSON object of token -> id (is this GPT-2's encoder.json?)");

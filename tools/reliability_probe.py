@@ -89,6 +89,12 @@ def main():
     if os.path.exists(fz):
         rc, out, dt = run([fz], {"STABLETRAIN_FUZZ_ITERS": str(a.fuzz_iters)})
         log.append(("test_fuzz", dt, out))
+        summarised = set(re.findall(r"^fuzz (\S+): \d+ cases in", out, re.M))
+        for name in sorted(set(re.findall(r"^fuzz (\S+): FAILED", out, re.M)) - summarised):
+            rows.append((f"fuzz {name}", "?", "?", 1, "n/a", 0,
+                         "stopped at its first failure: see the log (its input is saved)"))
+        if rc != 0 and not re.search(r"^fuzz \S+: FAILED", out, re.M):
+            rows.append(("fuzz", "?", "?", 1, "n/a", 0, f"test_fuzz exited {rc}: see the log"))
         for m in re.finditer(r"^fuzz (\S+): (\d+) cases in [\d.]+ s, (\d+) failed", out, re.M):
             name, cases, failed = m.group(1), int(m.group(2)), int(m.group(3))
             acc = re.search(r"^fuzz %s: .*?(\d+) refused with st::Error, (\d+) accepted"
