@@ -12,9 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <memory>
-#include <thread>
 #include <set>
 #include <sstream>
 
@@ -493,28 +491,14 @@ TEST(Shards, FifoIsRefusedWithoutBlocking) {
   const std::string fifo = (tmp() / "fifo_train.bin").string();
   fs::remove(fifo);
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  auto msg = std::make_shared<std::string>();
-  auto done = std::make_shared<std::promise<void>>();
-  std::future<void> fut = done->get_future();
-  std::thread([fifo, msg, done] {
-    try {
-      DataSpec ds;
-      ds.train_path = fifo;
-      ds.val_path = fifo;
-      load_token_data(ds);
-    } catch (const std::exception& e) {
-      *msg = e.what();
-    }
-    done->set_value();
-  }).detach();
-  if (fut.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-    ADD_FAILURE() << "opening a FIFO as a token shard blocked for 5 s";
-    const int fd = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // ends the blocked open
-    if (fd >= 0) close(fd);
-    fut.wait_for(std::chrono::seconds(5));
-  }
-  EXPECT_NE(msg->find("data.train_path: " + fifo + ": not a regular file (a FIFO)"), std::string::npos)
-      << *msg;
+  const std::string msg = st::test::error_without_blocking_on_fifo(fifo, [fifo] {
+    DataSpec ds;
+    ds.train_path = fifo;
+    ds.val_path = fifo;
+    load_token_data(ds);
+  });
+  EXPECT_NE(msg.find("data.train_path: " + fifo + ": not a regular file (a FIFO)"), std::string::npos)
+      << msg;
   EXPECT_FALSE(is_token_shard(fifo));
   // A directory named like a shard, too.
   const std::string d = (tmp() / "dir_shard.bin").string();

@@ -1,17 +1,22 @@
 // Small helpers shared by the test programs.
 #pragma once
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <memory>
 #include <iterator>
 #include <list>
 #include <string>
+#include <thread>
 
 #include "core/rng.h"
 
@@ -78,5 +83,30 @@ inline std::string pseudo_text_file(const std::filesystem::path& p) {
 #ifdef ST_SHARED_DATA_DIR
 inline const std::string kVocabDir = ST_SHARED_DATA_DIR "/gpt2-tokenizer";
 #endif
+
+// Runs f (which reads the FIFO `fifo`) on a thread and returns its exception text ("" when
+// it returned). A call still blocked after 5 s is a test failure; a writer opened on the
+// FIFO then ends the blocked open so the thread can finish.
+inline std::string error_without_blocking_on_fifo(const std::string& fifo,
+                                                  const std::function<void()>& f) {
+  auto msg = std::make_shared<std::string>();
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> fut = done->get_future();
+  std::thread([f, msg, done] {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      *msg = e.what();
+    }
+    done->set_value();
+  }).detach();
+  if (fut.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on the FIFO " << fifo << " for 5 s";
+    const int fd = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) close(fd);
+    fut.wait_for(std::chrono::seconds(5));
+  }
+  return *msg;
+}
 
 }  // namespace st::test
