@@ -2,7 +2,7 @@
 #pragma once
 #include <memory>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 
 namespace st {
 

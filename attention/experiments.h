@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 
 namespace st {
 

@@ -1,5 +1,5 @@
 // The numerics lab: one head of baseline, flash (FlashAttention-2) and stabilized flash
-// attention with every rounding point explicit (formats in attention/numerics.h).
+// attention with every rounding point explicit (formats in core/attention_numerics.h).
 //
 // Flash forward, row t, key tiles of Bc columns (query tiles do not change a row's
 // forward arithmetic: a fully masked tile leaves m, l and O~ exactly unchanged):

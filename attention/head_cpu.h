@@ -5,7 +5,7 @@
 #pragma once
 #include <vector>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 
 namespace st {
 

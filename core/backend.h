@@ -1,6 +1,7 @@
 // The backend interface: one method per kernel family. The GPT-2 model is written once as
-// a sequence of these calls; the CPU backend (core/cpu_backend.cpp, the executable
-// specification) and the CUDA backend (cuda/cuda_backend.cu) implement them.
+// a sequence of these calls; the CPU backend (backends/cpu_backend.cpp, the executable
+// specification) and the CUDA backend (cuda/cuda_backend.cu) implement them;
+// backends/backends.h creates them.
 //
 // Conventions for every method:
 //  - `fmt` is the numeric format of stored results. Results are computed in FP32 (FP64 in
@@ -13,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 #include "core/tensor.h"
 
 namespace st {
@@ -97,13 +98,5 @@ class Backend {
                             DType fmt) = 0;
   virtual std::unique_ptr<Attention> make_attention(const AttentionConfig& cfg) = 0;
 };
-
-// threads <= 0: leave the thread count to OpenMP/BLAS defaults.
-std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
-// Throws a clear error in a build without CUDA or on a machine without a GPU.
-std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
-bool cuda_available();  // built with CUDA and a device is present
-// device: auto | cpu | cuda; threads applies to the CPU backend (0: OpenMP default).
-std::unique_ptr<Backend> make_backend(const std::string& device, int threads = 0);
 
 }  // namespace st

@@ -60,7 +60,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 #include "cuda/attention_cuda.h"
 #include "cuda/attention_softmax.h"
 #include "cuda/cuda_backend.h"

@@ -1,4 +1,4 @@
-// The CUDA attention backends behind the one Attention interface (attention/attention.h),
+// The CUDA attention backends behind the one Attention interface (core/attention.h),
 // chosen per layer by CudaBackend::make_attention from AttentionConfig::kind:
 //   baseline                 cuda/attention_baseline.cu: batched cuBLASLt GEMMs and
 //                            softmax kernels, S and P materialised in the compute format
@@ -12,7 +12,7 @@
 #pragma once
 #include <memory>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 
 namespace st {
 

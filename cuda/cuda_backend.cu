@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backends/backends.h"
 #include "cuda/attention_cuda.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 
 namespace st {
 

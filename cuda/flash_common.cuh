@@ -105,7 +105,7 @@ __device__ __forceinline__ float from_t(T x) {
 // error e = x - s (TwoSum / FMA residual): if s is inexact and even, step one ulp towards x.
 // Round-to-odd at 24 bits then RNE to 8 (bf16) or 11 (fp16) bits equals one RNE from the
 // exact x (the FP32 bits kept are >= 2 more than the target's), the same argument as
-// round_fmt in attention/numerics.cpp. Assumes no FP32 underflow in the error term.
+// round_fmt in core/attention_numerics.cpp. Assumes no FP32 underflow in the error term.
 __device__ __forceinline__ float to_odd(float s, float e) {
   if (!isfinite(s) || e == 0.0f) return s;
   const uint32_t u = __float_as_uint(s);

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/attention.h"
-#include "attention/numerics.h"
+#include "core/attention.h"
+#include "core/attention_numerics.h"
 #include "core/dtype.h"
 #include "cuda/flash_launch.cuh"
 

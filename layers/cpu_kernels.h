@@ -1,5 +1,6 @@
-// CPU kernels, one family per file (layers/*_cpu.cpp, attention/*_cpu.cpp, optim/*_cpu.cpp),
-// with llm.c-style signatures: outputs first, then inputs, then sizes, then the format.
+// CPU kernels of the layers, one family per file (layers/*_cpu.cpp; attention's are in
+// attention/attention_cpu.h, AdamW's in optim/adamw_cpu.h), with llm.c-style signatures:
+// outputs first, then inputs, then sizes, then the format.
 // Templated on the storage type T: float (FP32, and BF16/FP16 values held in FP32
 // storage) or double (the FP64 reference mode). Arithmetic is done in T: FP32 as a GPU
 // kernel does, with every stored result rounded once to `fmt` (round_to / round_inplace).
@@ -51,12 +52,5 @@ template <class T>
 double sum_squares(const T* x, size_t n);
 template <class T>
 bool all_finite(const T* x, size_t n);
-
-// master/m/v: the optimizer's format (FP32, or FP64 in the reference mode). param: the
-// compute copy (null when it is master itself), receiving round_fmt(master).
-template <class T>
-void adamw_update(T* master, T* param, const T* grad, T* m, T* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step,
-                  float grad_scale, DType fmt);
 
 }  // namespace st::cpu

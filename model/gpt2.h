@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 #include "core/backend.h"
 #include "core/rng.h"
 #include "optim/loss_scaler.h"

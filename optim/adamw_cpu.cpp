@@ -4,7 +4,7 @@
 // master, m, v in FP32 (FP64 in the reference mode); the compute copy gets round_fmt(p).
 #include <cmath>
 
-#include "layers/cpu_kernels.h"
+#include "optim/adamw_cpu.h"
 
 namespace st::cpu {
 

@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "attention/head_cpu.h"
-#include "attention/numerics.h"
+#include "core/attention_numerics.h"
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/rng.h"
 

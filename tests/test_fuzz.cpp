@@ -51,6 +51,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "backends/backends.h"
 #include "core/error.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"

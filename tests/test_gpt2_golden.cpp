@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "golden.h"
 #include "model/gpt2.h"

@@ -47,8 +47,9 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
-#include "attention/numerics.h"
+#include "core/attention.h"
+#include "core/attention_numerics.h"
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/dtype.h"
 #include "core/rng.h"

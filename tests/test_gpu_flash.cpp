@@ -27,6 +27,7 @@
 
 #include "attention/attention_cpu.h"
 #include "attention/head_cpu.h"
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/dtype.h"
 #include "core/rng.h"

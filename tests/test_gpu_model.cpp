@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/rng.h"
 #include "model/gpt2.h"

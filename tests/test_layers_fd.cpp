@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/rng.h"
 #include "model/gpt2.h"

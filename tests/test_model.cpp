@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "model/gpt2.h"
 #include "optim/schedule.h"

@@ -4,7 +4,7 @@
 //
 // sweep: the same random Q, K, V ~ N(0, 1) (seeded per T, d and head; rounded to the format
 // under test) go into baseline and flash attention; golden = baseline with every point in
-// FP64 on those rounded inputs. Causal. Rules (attention/numerics.h): gpu, every_op,
+// FP64 on those rounded inputs. Causal. Rules (core/attention_numerics.h): gpu, every_op,
 // every_mac, and unequal = flash under every_op against baseline under gpu. FP32's every_mac
 // equals its every_op (the matmul sums are FP32 already) and FP64's rules all coincide, so
 // those are not rerun. Reported per setting: max, mean and std of |O - O_golden| for the O

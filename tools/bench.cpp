@@ -21,6 +21,7 @@
 #include <sstream>
 #include <vector>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/timing_backend.h"
 #include "model/gpt2.h"

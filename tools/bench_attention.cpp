@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/dtype.h"
 #include "core/rng.h"

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/rng.h"
 #include "core/timing_backend.h"

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "data/excerpt.h"

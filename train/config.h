@@ -77,7 +77,7 @@ struct PrecisionSection {
 
 struct AttentionSection {
   std::string backend = "baseline";  // baseline | flash | stabilized_flash
-  std::string rule = "gpu";          // gpu | every_op | every_mac (attention/numerics.h)
+  std::string rule = "gpu";          // gpu | every_op | every_mac (core/attention_numerics.h)
   // Per-point format overrides: auto (from the rule and precision.compute) | bf16 | fp16 |
   // fp32 | fp64.
   std::string qkv = "auto", scores = "auto", probs = "auto", accum = "auto", out = "auto",

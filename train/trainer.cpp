@@ -39,6 +39,7 @@
 #include <regex>
 #include <thread>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "data/dataset.h"
 #include "data/loader.h"

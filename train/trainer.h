@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 #include "model/gpt2.h"
 #include "train/config.h"
 

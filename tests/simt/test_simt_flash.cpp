@@ -46,8 +46,9 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
+#include "core/attention.h"
 #include "attention/head_cpu.h"
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -1,6 +1,6 @@
 // The CUDA backend's kernels (cuda/*.cu, compiled as host C++) run by the SIMT emulator
 // through their own host launchers (cuda/kernels.h, cuda/attention_softmax.h), on host
-// buffers, against the CPU backend (core/cpu_backend.cpp) on the same inputs. Label emu.
+// buffers, against the CPU backend (backends/cpu_backend.cpp) on the same inputs. Label emu.
 //
 // Inputs are random, non-zero and already representable in the compute format; outputs
 // the kernels overwrite start as poison (0xFF bytes: NaN) so unwritten elements show. Each case
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backends.h"
 #include "core/backend.h"
 #include "core/dtype.h"
 #include "core/rng.h"

@@ -1,4 +1,4 @@
-#include "attention/attention.h"
+#include "core/attention.h"
 
 #include "core/error.h"
 

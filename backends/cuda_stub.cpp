@@ -1,5 +1,5 @@
 // Built when the CUDA backend is not compiled in: asking for it is a clear error.
-#include "core/backend.h"
+#include "backends/backends.h"
 
 namespace st {
 

@@ -1,4 +1,4 @@
-#include "core/backend.h"
+#include "backends/backends.h"
 
 namespace st {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/numerics.h"
+#include "core/attention_numerics.h"
 #include "core/tensor.h"
 
 namespace st {
@@ -26,7 +26,7 @@ struct AttentionConfig {
   AttentionKind kind = AttentionKind::Baseline;
   bool causal = true;
   // Rounding: the rule sets every point's format from the model's compute format; the
-  // optional overrides then replace single points (see attention/numerics.h).
+  // optional overrides then replace single points (see core/attention_numerics.h).
   RoundingRule rule = RoundingRule::Gpu;
   std::optional<DType> qkv, scores, probs, accum, out, mac, grads;
   DeltaMode delta = DeltaMode::O;

@@ -1,4 +1,4 @@
-#include "attention/numerics.h"
+#include "core/attention_numerics.h"
 
 #include <cmath>
 #include <cstring>

@@ -6,8 +6,9 @@
 #include <cstring>
 
 #include "attention/attention_cpu.h"
-#include "core/backend.h"
+#include "backends/backends.h"
 #include "layers/cpu_kernels.h"
+#include "optim/adamw_cpu.h"
 
 extern "C" void openblas_set_num_threads(int);
 
