@@ -12,8 +12,6 @@
 // with compensated (Neumaier) summation and divided by n*m once.
 #include "analysis/weight_distance.h"
 
-#include "model/io.h"
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -21,8 +19,8 @@
 #include <limits>
 
 #include "core/error.h"
-#include "model/io.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
+#include "io/weights.h"
 
 namespace st {
 namespace {

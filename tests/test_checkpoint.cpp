@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/loader.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 using namespace st;
 namespace fs = std::filesystem;

@@ -23,7 +23,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "test_util.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace st;
@@ -650,7 +650,7 @@ TEST(compare_Tool, RunStillBeingWrittenIsReadAsFarAsComplete) {
   const fs::path live = tmp_root() / "live";
   fs::remove_all(live);
   fs::copy(b, live);
-  // A checkpoint being written (temporary name of train/checkpoint.cpp, half the bytes) and a
+  // A checkpoint being written (temporary name of io/checkpoint.cpp, half the bytes) and a
   // metrics line cut off mid-write.
   const std::string ck = slurp(fs::path(b) / "ckpt_00000020.bin");
   const size_t complete_lines = lines_of(slurp(live / "metrics.jsonl")).size();

@@ -32,7 +32,7 @@
 #include "dist/comm.h"
 #include "dist/rendezvous.h"
 #include "test_util.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
 

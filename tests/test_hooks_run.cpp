@@ -15,7 +15,7 @@
 #include "analysis/slices.h"
 #include "core/rng.h"
 #include "test_util.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
 

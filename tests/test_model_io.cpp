@@ -16,7 +16,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/io.h"
+#include "io/weights.h"
 #include "train/config.h"
 #include "train/trainer.h"
 

@@ -28,7 +28,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "test_util.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 #include "train/run_io.h"
 
 namespace fs = std::filesystem;

@@ -14,7 +14,7 @@
 #include "test_util.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
 

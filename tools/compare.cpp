@@ -50,7 +50,7 @@
 // --step N missing in a run, a truncated or corrupt checkpoint. A run still being written is
 // read as far as it is complete: an incomplete last metrics.jsonl line is skipped with a
 // warning, a checkpoint under its temporary name (ckpt_NNNNNNNN.bin.tmp.PID, see
-// train/checkpoint.cpp) is ignored with a note.
+// io/checkpoint.cpp) is ignored with a note.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// export_weights: model weights between formats (model/io.h).
+// export_weights: model weights between formats (io/weights.h).
 //   export_weights --input RUN_DIR|CKPT|LLMC|SAFETENSORS --output PATH
 //                  --format safetensors|llmc|llmc-bf16 [--dtype F32|BF16] [--n-head N]
 // Input: a run directory (its newest checkpoint), a stabletrain checkpoint (FP32 master
@@ -13,7 +13,7 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "model/io.h"
+#include "io/weights.h"
 #include "train/run_io.h"
 #include "train/trainer.h"
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/attention.h"
 #include "model/gpt2.h"
 
 namespace st {
@@ -142,6 +143,12 @@ void validate_config(const Config& c);
 // The fully resolved config as YAML (every key, in schema order); parse_config of the
 // result gives back an identical Config.
 std::string config_to_yaml(const Config& c);
+// The per-layer attention configs (attention.* with layer_backends and fp32_out_heads
+// applied); parse_config and validate_config have checked them. Errors name the key and
+// c.source.
+std::vector<AttentionConfig> attention_configs(const Config& c);
+// The model shape of the model section.
+GPT2Config model_config(const Config& c);
 // Human-readable documentation of every key (type, default, range, description).
 std::string config_help();
 

@@ -46,9 +46,9 @@
 #include "data/tokenizer.h"
 #include "dist/comm.h"
 #include "model/gpt2.h"
-#include "model/io.h"
+#include "io/weights.h"
 #include "optim/schedule.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 #include "train/hooks.h"
 #include "train/run_io.h"
 
@@ -107,81 +107,6 @@ bool must_match_on_resume(const std::string& key) {
          key == "train.seq_len" || key == "train.grad_accum_steps" ||
          key == "train.grad_accum_mode" || key.rfind("attention.", 0) == 0;
 }
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char ch : s) {
-    if (ch == sep) {
-      out.push_back(cur);
-      cur.clear();
-    } else if (ch != ' ') {
-      cur.push_back(ch);
-    }
-  }
-  if (!cur.empty() || !out.empty()) out.push_back(cur);
-  return out;
-}
-
-int parse_index(const std::string& s, int limit, const std::string& where, const char* what) {
-  size_t used = 0;
-  int v = -1;
-  try {
-    v = std::stoi(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != s.size() || v < 0 || v >= limit)
-    fail(where, ": '", s, "' is not a ", what, " index in [0, ", limit, ")");
-  return v;
-}
-
-}  // namespace
-
-std::vector<AttentionConfig> attention_configs(const Config& c) {
-  const AttentionSection& a = c.attention;
-  AttentionConfig base;
-  base.kind = parse_attention_kind(a.backend);
-  base.rule = parse_rounding_rule(a.rule);
-  auto fmt = [](const std::string& v) -> std::optional<DType> {
-    return v == "auto" ? std::nullopt : std::optional<DType>(parse_dtype(v));
-  };
-  base.qkv = fmt(a.qkv);
-  base.scores = fmt(a.scores);
-  base.probs = fmt(a.probs);
-  base.accum = fmt(a.accum);
-  base.out = fmt(a.out);
-  base.mac = fmt(a.mac);
-  base.grads = fmt(a.grads);
-  base.delta = parse_delta_mode(a.delta);
-  base.block_q = a.block_q;
-  base.block_k = a.block_k;
-  base.beta = a.beta;
-  base.tie_tol = a.tie_tol;
-  base.max_shift = a.max_shift;
-  std::vector<AttentionConfig> layers(c.model.n_layer, base);
-  const std::string lb = c.source + ": attention.layer_backends";
-  for (const std::string& item : split(a.layer_backends, ',')) {
-    const auto kv = split(item, ':');
-    if (kv.size() != 2) fail(lb, ": '", item, "' is not LAYER:BACKEND (e.g. 2:flash)");
-    const int l = parse_index(kv[0], c.model.n_layer, lb, "layer");
-    try {
-      layers[l].kind = parse_attention_kind(kv[1]);
-    } catch (const Error& e) {
-      fail(lb, ": ", e.what());
-    }
-  }
-  const std::string fh = c.source + ": attention.fp32_out_heads";
-  for (const std::string& item : split(a.fp32_out_heads, ',')) {
-    const auto lh = split(item, '.');
-    if (lh.size() != 2) fail(fh, ": '", item, "' is not LAYER.HEAD (e.g. 2.8)");
-    const int l = parse_index(lh[0], c.model.n_layer, fh, "layer");
-    layers[l].fp32_out_heads.push_back(parse_index(lh[1], c.model.n_head, fh, "head"));
-  }
-  return layers;
-}
-
-namespace {
 
 std::vector<uint8_t> tensor_bytes(Backend& be, const Tensor& t) {
   Tensor host = Tensor::empty(t.shape(), t.dtype());
@@ -257,7 +182,13 @@ void inject_fault(int rank, int64_t step, const char* where) {
     return std::string(v ? v : "");
   }();
   if (spec.empty()) return;
-  const auto parts = split(spec, ':');
+  std::vector<std::string> parts(1);
+  for (char ch : spec) {
+    if (ch == ':')
+      parts.emplace_back();
+    else
+      parts.back().push_back(ch);
+  }
   auto num = [&](const std::string& v) {
     int64_t x = 0;
     const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
@@ -1212,16 +1143,6 @@ TrainResult Run::go() {
 }
 
 }  // namespace
-
-GPT2Config model_config(const Config& cfg) {
-  GPT2Config mc;
-  mc.n_layer = cfg.model.n_layer;
-  mc.n_head = cfg.model.n_head;
-  mc.n_embd = cfg.model.n_embd;
-  mc.max_seq_len = cfg.model.max_seq_len;
-  mc.vocab_size = cfg.model.vocab_size;
-  return mc;
-}
 
 std::string latest_checkpoint(const std::string& dir) {
   const auto all = list_checkpoints(dir);

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "core/attention.h"
 #include "model/gpt2.h"
 #include "train/config.h"
 
@@ -44,13 +43,6 @@ struct TrainResult {
 // metrics and model file. There an error on any rank ends every rank (message on stderr,
 // MPI_Abort) instead of throwing; a single process throws st::Error as always.
 TrainResult run_training(const Config& cfg, const TrainOptions& opt);
-
-// The per-layer attention configs of a config (attention.* with layer_backends and
-// fp32_out_heads applied); errors name the key and the config file.
-std::vector<AttentionConfig> attention_configs(const Config& cfg);
-
-// The model shape of a config's model section.
-GPT2Config model_config(const Config& cfg);
 
 // Checkpoint file name for a step, and the newest checkpoint in a directory ("" if none).
 // ZeRO-1 runs add one optimizer shard per rank, rank_checkpoint_name(step, rank); the main

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent check of spectral.csv: numpy's SVD of the same weight slices, read from a
-checkpoint by a reader written from the file format (train/checkpoint.cpp) and the slice
+checkpoint by a reader written from the file format (io/checkpoint.cpp) and the slice
 layout (analysis/slices.h), not through stabletrain's C++.
 
 usage: check_spectral_numpy.py RUN_DIR STEP [REL_TOL]

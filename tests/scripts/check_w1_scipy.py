@@ -4,7 +4,7 @@
     check_w1_scipy.py COMPARE_CSV RUN_A_DIR RUN_B_DIR
 
 Reads, with its own reader written from the file format documented at the top of
-train/checkpoint.cpp (not stabletrain's C++), the master weights of RUN_A_DIR/ckpt_N.bin and
+io/checkpoint.cpp (not stabletrain's C++), the master weights of RUN_A_DIR/ckpt_N.bin and
 RUN_B_DIR/ckpt_N.bin for every step N of the rows of COMPARE_CSV whose run_a / run_b are the
 two directories' names; cuts every weight slice out of the flat parameter array by the layout
 of model/gpt2.h and analysis/slices.h (wq/wk/wv: rows [h*hs, (h+1)*hs) of the q/k/v third of

@@ -1,5 +1,5 @@
 """A stabletrain checkpoint reader and the weight-slice layout, written from the file
-format documented at the top of train/checkpoint.cpp and the layout of model/gpt2.h and
+format documented at the top of io/checkpoint.cpp and the layout of model/gpt2.h and
 analysis/slices.h (not through stabletrain's C++), for the independent checks in this
 folder (check_w1_scipy.py, check_spectral_numpy.py)."""
 import hashlib

@@ -35,7 +35,7 @@
 //   vocab_size}, where present, are the decimal values of the shape records.
 // save_checkpoint checks only the structure (array sizes, shard fields). Big arrays are streamed in chunks and hashed in
 // the same pass: no second in-memory copy of master/m/v on save or load.
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>

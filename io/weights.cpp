@@ -1,4 +1,4 @@
-#include "model/io.h"
+#include "io/weights.h"
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "llm.c and safetensors files are little-endian; this code reads them in place"

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "model/gpt2.h"
-#include "train/checkpoint.h"
 
 namespace st {
 
