@@ -643,6 +643,33 @@ GPT2Config model_config(const Config& cfg) {
   return mc;
 }
 
+DataSpec data_spec(const Config& c) {
+  DataSpec ds;
+  ds.train_path = c.data.train_path;
+  ds.val_path = c.data.val_path;
+  ds.format = c.data.format;
+  ds.tokenizer = c.data.tokenizer;
+  ds.tokenizer_dir = c.data.tokenizer_dir;
+  ds.prepare_from = c.data.prepare_from;
+  ds.val_fraction = c.data.val_fraction;
+  return ds;
+}
+
+LossScalerConfig loss_scaler_config(const Config& c) {
+  LossScalerConfig ls;
+  ls.init_scale = static_cast<float>(c.precision.loss_scale_init);
+  ls.growth_interval = c.precision.loss_scale_growth_interval;
+  return ls;
+}
+
+DType compute_format(const Config& c) { return parse_dtype(c.precision.compute); }
+
+GradAccumMode grad_accum_mode(const Config& c) {
+  return c.train.grad_accum_mode == "separate" ? GradAccumMode::kSeparate : GradAccumMode::kFused;
+}
+
+Recompute recompute_mode(const Config& c) { return parse_recompute(c.train.recompute); }
+
 std::string config_to_yaml(const Config& config) {
   Config c = config;
   std::ostringstream os;

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "core/attention.h"
+#include "data/dataset.h"
 #include "model/gpt2.h"
+#include "optim/loss_scaler.h"
 
 namespace st {
 
@@ -149,6 +151,13 @@ std::string config_to_yaml(const Config& c);
 std::vector<AttentionConfig> attention_configs(const Config& c);
 // The model shape of the model section.
 GPT2Config model_config(const Config& c);
+// The rest of what the modules below need, from a parsed config: the trainer reads the
+// config's text values only through these.
+DataSpec data_spec(const Config& c);                  // data.*
+LossScalerConfig loss_scaler_config(const Config& c);  // precision.loss_scale_*
+DType compute_format(const Config& c);                // precision.compute
+GradAccumMode grad_accum_mode(const Config& c);       // train.grad_accum_mode
+Recompute recompute_mode(const Config& c);            // train.recompute
 // Human-readable documentation of every key (type, default, range, description).
 std::string config_help();
 

@@ -288,14 +288,7 @@ void Run::open_logs() {
 
 void Run::build() {
   check_reference_run(cfg_);
-  DataSpec ds;
-  ds.train_path = cfg_.data.train_path;
-  ds.val_path = cfg_.data.val_path;
-  ds.format = cfg_.data.format;
-  ds.tokenizer = cfg_.data.tokenizer;
-  ds.tokenizer_dir = cfg_.data.tokenizer_dir;
-  ds.prepare_from = cfg_.data.prepare_from;
-  ds.val_fraction = cfg_.data.val_fraction;
+  const DataSpec ds = data_spec(cfg_);
   auto load = [&] {
     data_ = load_token_data(ds, [this](const std::string& line) {
       data_notes_.push_back(line);
@@ -321,18 +314,15 @@ void Run::build() {
     mc.padded_vocab_size = init.config.padded_vocab_size;  // llm.c files may pad differently
   }
   const std::vector<AttentionConfig> ac = attention_configs(cfg_);
-  LossScalerConfig ls;
-  ls.init_scale = static_cast<float>(cfg_.precision.loss_scale_init);
-  ls.growth_interval = cfg_.precision.loss_scale_growth_interval;
   OptimShard shard;
   if (zero_) {
     shard_ = Partition(num_parameters(mc), world_, kSumSquaresChunk);
     shard = {shard_.begin(rank_), shard_.end(rank_)};
   }
-  model_ = std::make_unique<GPT2>(mc, *be_, parse_dtype(cfg_.precision.compute), ac, ls, shard);
-  model_->set_grad_accum_mode(cfg_.train.grad_accum_mode == "separate" ? GradAccumMode::kSeparate
-                                                                       : GradAccumMode::kFused);
-  model_->set_recompute(parse_recompute(cfg_.train.recompute));
+  model_ = std::make_unique<GPT2>(mc, *be_, compute_format(cfg_), ac, loss_scaler_config(cfg_),
+                                  shard);
+  model_->set_grad_accum_mode(grad_accum_mode(cfg_));
+  model_->set_recompute(recompute_mode(cfg_));
   if (master_is_sharded() && lead()) model_->set_master_source([this] { return master_cache_; });
   model_->init_weights(cfg_.run.seed);
   if (!init.params.empty()) model_->set_master_fp32(init.params);
