@@ -34,7 +34,7 @@ struct AttentionConfig {
   int block_q = 64, block_k = 64;
   // Stabilized flash (Qiu & Yao): shift factor beta and tie tolerance. max_shift caps the
   // shift of the maximum (in units of the score) so exp never underflows in P~'s format:
-  // 0 picks ln(1/min_normal(probs)) / 2 (see flash_cpu.cpp).
+  // 0 picks ln(1/min_normal(probs)) / 2 (see attention/head_cpu.cpp).
   double beta = 2.0, tie_tol = 1e-3, max_shift = 0.0;
   std::vector<int> fp32_out_heads;  // heads of this layer whose stored O is FP32
   bool collect_stats = false;       // fill Attention::stats() in forward
