@@ -1,4 +1,4 @@
-// The hooks' running diagnostics (train/hooks.h): Qiu & Yao's delta drift
+// The hooks' running diagnostics (train/hooks_drift.h): Qiu & Yao's delta drift
 // (DeltaDriftTracker: the run's attention backward against an FP64 recompute, running sums
 // and previous error directions) and the spike detector's running z-score (SpikeDetector).
 // Both keep state that StabilityHooks saves in checkpoints.
@@ -9,7 +9,7 @@
 
 #include "attention/head_cpu.h"
 #include "core/error.h"
-#include "train/hooks.h"
+#include "train/hooks_drift.h"
 #include "train/hooks_internal.h"
 
 namespace st {

@@ -1,13 +1,13 @@
-// Spectral norms for the stability hooks (spectral_norm, train/hooks.h): power iteration
-// on A^T A of a weight slice, warm-started from the previous hook's vector, with a cold
-// start on the small Gram matrix for thin matrices. FP64; results do not depend on threads.
+// Spectral norms for the stability hooks (spectral_norm, train/hooks_spectral.h): power
+// iteration on A^T A of a weight slice, warm-started from the previous hook's vector, with a
+// cold start on the small Gram matrix for thin matrices. FP64; results do not depend on threads.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
-#include "train/hooks.h"
+#include "train/hooks_spectral.h"
 #include "train/hooks_internal.h"
 
 namespace st {
