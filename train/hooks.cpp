@@ -6,7 +6,6 @@
 // writes files; the only effect on training is the opt-in spike skip, decided by the trainer.
 #include "train/hooks.h"
 
-#include <omp.h>
 
 #include <charconv>
 #include <chrono>
@@ -14,10 +13,8 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
-#include <yaml-cpp/yaml.h>
 
 #include "analysis/weight_distance.h"
-#include "attention/head_cpu.h"
 #include "core/error.h"
 #include "train/hooks_internal.h"
 #include "train/run_io.h"

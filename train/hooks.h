@@ -18,8 +18,6 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdint>
-#include <fstream>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
