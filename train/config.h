@@ -149,6 +149,8 @@ std::string config_to_yaml(const Config& c);
 // applied); parse_config and validate_config have checked them. Errors name the key and
 // c.source.
 std::vector<AttentionConfig> attention_configs(const Config& c);
+// The same with `where` ("file: ") starting every error (validate_config's prefix).
+std::vector<AttentionConfig> attention_configs(const Config& c, const std::string& where);
 // The model shape of the model section.
 GPT2Config model_config(const Config& c);
 // The rest of what the modules below need, from a parsed config: the trainer reads the
