@@ -7,13 +7,14 @@
 //   r_m   = max_s S_s; m' = r_m, or the stabilized shift (below); m_new = max(m, m')
 //   alpha = r_a(exp(r_s(m - m_new)))          (0 on the first tile)
 //   P~_s  = r_p(exp(r_s(S_s - m_new)))
-//   l     = r_a(r_a(alpha * l) + sum_s P~_s)   row sum accumulated in `mac`
+//   l     = r_l(r_l(alpha * l) + sum_s P~_s)   row sum accumulated in `lsum_mac`
 //   O~    = r_a(r_a(alpha * O~) + r_a(P~ V))   the tile's P~V accumulated in `mac`, then
 //                                             rounded to the accumulator's format (with a
 //                                             BF16 accumulator this is the rounding in which
 //                                             Qiu & Yao's bias arises)
 //   O = r_o(O~ / l); o32 = O~ / l in the wide format; lse = m + log l (wide)
-// r_s, r_a, r_p, r_o round to scores, accum, probs, out. Inner r_x(...) marks rounding of an
+// r_s, r_a, r_l, r_p, r_o round to scores, accum, lsum, probs, out (docs/numerics.md states
+// these conventions for every backend). Inner r_x(...) marks rounding of an
 // intermediate result, applied only under every_op / every_mac (n.round_ops).
 //
 // Stabilized flash (Qiu & Yao), per key tile before exponentiation: if more than one score
@@ -99,28 +100,39 @@ std::vector<double> transpose(const std::vector<double>& x, int T, int d) {
 struct Ctx {
   const AttentionConfig& cfg;
   const AttnNumerics& n;
-  int T, d;
+  int T;   // query rows
+  int Tk;  // keys (= T except through the dot-product entry points)
+  int d;
   double scale;
   int bc;  // key tile width
   int br;  // query tile height
   bool flash;
+  const double* dots;  // (T, Tk) given q.k values, or null: computed from q and K
   double rop(double x, DType f) const { return n.round_ops ? round_fmt(x, f) : x; }
-  int last_key(int t) const { return cfg.causal ? t : T - 1; }
-  // S[s] for keys [c0, c1) of the query row q; kt is K transposed (d x T).
-  void score_row(const double* q, const double* kt, int c0, int c1, double* S) const {
-    row_dots(q, kt, T, c0, c1, d, n.mac, S + c0);
+  int last_key(int t) const { return cfg.causal ? t : Tk - 1; }
+  // S[s] for keys [c0, c1) of query row t (q: that row); kt is K transposed (d x Tk).
+  void score_row(int t, const double* q, const double* kt, int c0, int c1, double* S) const {
+    if (dots)
+      std::copy(dots + static_cast<size_t>(t) * Tk + c0, dots + static_cast<size_t>(t) * Tk + c1,
+                S + c0);
+    else
+      row_dots(q, kt, Tk, c0, c1, d, n.mac, S + c0);
     for (int s = c0; s < c1; ++s) S[s] = round_fmt(rop(S[s], n.scores) * scale, n.scores);
   }
 };
 
-Ctx make_ctx(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d) {
-  ST_CHECK(T > 0 && d > 0, "attention head: T = ", T, ", d = ", d);
+Ctx make_ctx(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d, int Tk = -1,
+             const double* dots = nullptr) {
+  if (Tk < 0) Tk = T;
+  ST_CHECK(T > 0 && Tk > 0 && d > 0, "attention head: T = ", T, ", keys = ", Tk, ", d = ", d);
+  ST_CHECK(!cfg.causal || Tk == T, "attention head: causal attention needs as many keys as "
+           "query rows (got ", T, " rows, ", Tk, " keys)");
   const bool flash = cfg.kind != AttentionKind::Baseline;
-  const int bc = flash && cfg.block_k > 0 ? cfg.block_k : T;
+  const int bc = flash && cfg.block_k > 0 ? cfg.block_k : Tk;
   const int br = flash && cfg.block_q > 0 ? cfg.block_q : T;
   // The scale as the kernel holds it: 1/sqrt(d) in the wide format.
   const double scale = round_fmt(1.0 / std::sqrt(static_cast<double>(d)), wide_of(n));
-  return Ctx{cfg, n, T, d, scale, bc, br, flash};
+  return Ctx{cfg, n, T, Tk, d, scale, bc, br, flash, dots};
 }
 
 std::vector<double> rounded(const double* x, size_t count, DType f) {
@@ -164,24 +176,76 @@ void row_stats(const Ctx& c, const double* S, int last, AttentionHeadStats& st) 
   st.entropy_sum += h;
 }
 
+int significand_bits(DType f) {
+  switch (f) {
+    case DType::BF16: return 8;
+    case DType::F16: return 11;
+    case DType::F32: return 24;
+    default: return 53;
+  }
+}
+
+// x with its significand cut to `bits` bits (toward zero).
+double truncate_bits(double x, int bits) {
+  int e = 0;
+  const double m = std::frexp(x, &e);  // x = m * 2^e, 0.5 <= m < 1
+  return std::ldexp(std::trunc(std::ldexp(m, bits)), e - bits);
+}
+
+// tie_shift: exact_sum (see core/attention.h). Moves the stabilized maximum mp up, over
+// values representable in the accumulator's format, to the first one at which the tied
+// entries' P~ = p (rounded to probs) is not a power of two and ties * p is exact in l's
+// format, so l = ties * p + ... carries no rounding of the tie sum. First candidate: p cut
+// to fewer significand bits (reached exactly when accum is wide); then upward steps of one
+// unit in the last place of mp (a BF16 maximum moves P~ by several percent a step).
+// Returns mp unchanged if no such value is found within 512 steps.
+double exact_sum_max(const Ctx& c, double rm, double mp, int ties) {
+  const AttnNumerics& n = c.n;
+  const auto p_of = [&](double m) {
+    return round_fmt(std::exp(c.rop(rm - m, n.scores)), n.probs);
+  };
+  const auto ok = [&](double p) {
+    int e = 0;
+    return p > 0 && std::frexp(p, &e) != 0.5 && round_fmt(ties * p, n.lsum) == ties * p;
+  };
+  const double p0 = p_of(mp);
+  if (ok(p0)) return mp;
+  for (int bits = significand_bits(n.probs) - 1; bits >= 2; --bits) {
+    const double pt = truncate_bits(p0, bits);
+    if (!ok(pt)) continue;
+    const double m = round_fmt(rm - std::log(pt), n.accum);
+    if (m >= mp && ok(p_of(m))) return m;
+    break;
+  }
+  double m = mp;
+  for (int i = 0; i < 512; ++i) {
+    int e = 0;
+    std::frexp(m, &e);
+    const double ulp = std::ldexp(1.0, e - significand_bits(n.accum));
+    m = round_fmt(m + std::max(ulp, std::ldexp(std::fabs(rm) + 1.0, -40)), n.accum);
+    if (ok(p_of(m))) return m;
+  }
+  return mp;
+}
+
 void baseline_forward(const Ctx& c, const double* q, const double* kt, const double* v,
                       HeadForward& fw, bool want_stats) {
   const auto& n = c.n;
-  const int T = c.T, d = c.d;
-  fw.P.assign(static_cast<size_t>(T) * T, 0.0);
-  std::vector<double> S(T), e(std::max(T, d));
+  const int T = c.T, Tk = c.Tk, d = c.d;
+  fw.P.assign(static_cast<size_t>(T) * Tk, 0.0);
+  std::vector<double> S(Tk), e(std::max(Tk, d));
   for (int t = 0; t < T; ++t) {
     const int last = c.last_key(t);
     double mx = kNegInf;
-    c.score_row(q + t * d, kt, 0, last + 1, S.data());
+    c.score_row(t, q ? q + t * d : nullptr, kt, 0, last + 1, S.data());
     for (int s = 0; s <= last; ++s) mx = std::max(mx, S[s]);
     double sum = 0;
     for (int s = 0; s <= last; ++s) {
       e[s] = round_fmt(std::exp(c.rop(S[s] - mx, n.scores)), n.accum);
-      mac_sum(sum, e[s], n.mac);
+      mac_sum(sum, e[s], n.lsum_mac);
     }
-    sum = round_fmt(sum, n.accum);
-    double* P = fw.P.data() + static_cast<size_t>(t) * T;
+    sum = round_fmt(sum, n.lsum);
+    double* P = fw.P.data() + static_cast<size_t>(t) * Tk;
     for (int s = 0; s <= last; ++s) P[s] = round_fmt(e[s] / sum, n.probs);
     fw.lse[t] = round_fmt(mx + std::log(sum), wide_of(n));
     std::fill(e.begin(), e.begin() + d, 0.0);  // reused as the output row accumulator
@@ -203,7 +267,7 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
   const int T = c.T, d = c.d;
   const bool stab = c.cfg.kind == AttentionKind::StabilizedFlash;
   const double cap = stabilized_max_shift(c.cfg, n.probs);
-  std::vector<double> S(T), P(c.bc), acc(d), pv(d);
+  std::vector<double> S(c.Tk), P(c.bc), acc(d), pv(d);
   for (int t = 0; t < T; ++t) {
     const int last = c.last_key(t);
     double m = kNegInf, l = 0;
@@ -211,7 +275,7 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
     for (int c0 = 0; c0 <= last; c0 += c.bc) {
       const int c1 = std::min(c0 + c.bc, last + 1);
       double rm = kNegInf;
-      c.score_row(q + t * d, kt, c0, c1, S.data());
+      c.score_row(t, q ? q + t * d : nullptr, kt, c0, c1, S.data());
       for (int s = c0; s < c1; ++s) rm = std::max(rm, S[s]);
       double mp = rm;
       if (stab) {
@@ -220,6 +284,7 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
         if (ties > 1 && rm != 0.0) {
           const double shift = rm > 0 ? (c.cfg.beta - 1.0) * rm : -rm;
           mp = round_fmt(rm + std::min(shift, cap), n.accum);
+          if (c.cfg.tie_shift == TieShift::ExactSum) mp = exact_sum_max(c, rm, mp, ties);
         }
       }
       const double m_new = std::max(m, mp);
@@ -227,10 +292,10 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       double rowsum = 0;
       for (int s = c0; s < c1; ++s) {
         P[s - c0] = round_fmt(std::exp(c.rop(S[s] - m_new, n.scores)), n.probs);
-        mac_sum(rowsum, P[s - c0], n.mac);
+        mac_sum(rowsum, P[s - c0], n.lsum_mac);
         if (want_stats) fw.stats.p_one += P[s - c0] == 1.0;
       }
-      l = round_fmt(c.rop(alpha * l, n.accum) + rowsum, n.accum);
+      l = round_fmt(c.rop(alpha * l, n.lsum) + rowsum, n.lsum);
       std::fill(pv.begin(), pv.end(), 0.0);
       for (int s = c0; s < c1; ++s) axpy(pv.data(), P[s - c0], v + s * d, d, n.mac);
       for (int j = 0; j < d; ++j)
@@ -252,22 +317,41 @@ double stabilized_max_shift(const AttentionConfig& cfg, DType probs) {
   return cfg.max_shift > 0 ? cfg.max_shift : 0.5 * std::log(1.0 / min_normal(probs));
 }
 
+namespace {
+
+// The forward of context c: q (T, d) or null with c.dots, kt (d, Tk) or null with c.dots,
+// v (Tk, d), all rounded to n.qkv already.
+void forward(const Ctx& c, const double* q, const double* kt, const double* v, HeadForward& fw,
+             bool want_stats) {
+  const size_t td = static_cast<size_t>(c.T) * c.d;
+  fw.o.assign(td, 0.0);
+  fw.o32.assign(td, 0.0);
+  fw.lse.assign(c.T, 0.0);
+  fw.P.clear();
+  fw.stats = AttentionHeadStats{};
+  if (c.flash)
+    flash_forward(c, q, kt, v, fw, want_stats);
+  else
+    baseline_forward(c, q, kt, v, fw, want_stats);
+}
+
+}  // namespace
+
 void head_forward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
                   const double* q, const double* k, const double* v, HeadForward& fw,
                   bool want_stats) {
   const Ctx c = make_ctx(cfg, n, T, d);
   const size_t td = static_cast<size_t>(T) * d;
   const auto qr = rounded(q, td, n.qkv), kr = rounded(k, td, n.qkv), vr = rounded(v, td, n.qkv);
-  fw.o.assign(td, 0.0);
-  fw.o32.assign(td, 0.0);
-  fw.lse.assign(T, 0.0);
-  fw.P.clear();
-  fw.stats = AttentionHeadStats{};
   const auto kt = transpose(kr, T, d);
-  if (c.flash)
-    flash_forward(c, qr.data(), kt.data(), vr.data(), fw, want_stats);
-  else
-    baseline_forward(c, qr.data(), kt.data(), vr.data(), fw, want_stats);
+  forward(c, qr.data(), kt.data(), vr.data(), fw, want_stats);
+}
+
+void head_forward_dots(const AttentionConfig& cfg, const AttnNumerics& n, int T, int Tk, int d,
+                       const double* dots, const double* v, HeadForward& fw, bool want_stats) {
+  const Ctx c = make_ctx(cfg, n, T, d, Tk, dots);
+  const auto vr = rounded(v, static_cast<size_t>(Tk) * d, n.qkv);
+  forward(c, nullptr, nullptr, vr.data(), fw, want_stats);
 }
 
 namespace {
@@ -278,8 +362,8 @@ void flash_row_p_dp(const Ctx& c, const double* q, const double* kt, const doubl
                     const double* dout, double lse, int t, int c0, int c1, double* P,
                     double* dP) {
   const auto& n = c.n;
-  c.score_row(q + t * c.d, kt, c0, c1, P - c0);
-  row_dots(dout + t * c.d, vt, c.T, c0, c1, c.d, n.mac, dP);
+  c.score_row(t, q ? q + t * c.d : nullptr, kt, c0, c1, P - c0);
+  row_dots(dout + t * c.d, vt, c.Tk, c0, c1, c.d, n.mac, dP);
   for (int s = c0; s < c1; ++s) {
     P[s - c0] = round_fmt(std::exp(c.rop(P[s - c0] - lse, n.scores)), n.probs);
     dP[s - c0] = round_fmt(dP[s - c0], n.accum);
@@ -288,32 +372,39 @@ void flash_row_p_dp(const Ctx& c, const double* q, const double* kt, const doubl
 
 }  // namespace
 
-std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
-                                const double* q, const double* k, const double* v,
-                                const HeadForward& fw, const double* dout) {
-  const Ctx c = make_ctx(cfg, n, T, d);
-  const size_t td = static_cast<size_t>(T) * d;
+namespace {
+
+// delta for context c (see head_deltas); q, k: (T, d) and (Tk, d) unrounded, or null with
+// c.dots; v: (Tk, d) unrounded.
+std::vector<double> deltas(const Ctx& c, const double* q, const double* k, const double* v,
+                           const HeadForward& fw, const double* dout) {
+  const AttnNumerics& n = c.n;
+  const int T = c.T, Tk = c.Tk, d = c.d;
+  const size_t td = static_cast<size_t>(T) * d, tkd = static_cast<size_t>(Tk) * d;
+  const auto dor = rounded(dout, td, n.grads);
   std::vector<double> delta(T);
   if (!c.flash || n.delta == DeltaMode::DpP) {
-    const auto qr = rounded(q, td, n.qkv), kr = rounded(k, td, n.qkv), vr = rounded(v, td, n.qkv);
-    const auto dor = rounded(dout, td, n.grads);
-    const auto kt = transpose(kr, T, d), vt = transpose(vr, T, d);
-    std::vector<double> P(T), dP(T);
+    const auto vr = rounded(v, tkd, n.qkv);
+    const auto vt = transpose(vr, Tk, d);
+    std::vector<double> qr, kt;
+    if (!c.dots) {
+      qr = rounded(q, td, n.qkv);
+      kt = transpose(rounded(k, tkd, n.qkv), Tk, d);
+    }
+    std::vector<double> P(Tk), dP(Tk);
     for (int t = 0; t < T; ++t) {
       const int last = c.last_key(t);
       if (c.flash) {
-        flash_row_p_dp(c, qr.data(), kt.data(), vt.data(), dor.data(), fw.lse[t], t, 0, last + 1,
-                       P.data(), dP.data());
+        flash_row_p_dp(c, c.dots ? nullptr : qr.data(), c.dots ? nullptr : kt.data(), vt.data(),
+                       dor.data(), fw.lse[t], t, 0, last + 1, P.data(), dP.data());
       } else {
-        row_dots(dor.data() + t * d, vt.data(), T, 0, last + 1, d, n.mac, dP.data());
+        row_dots(dor.data() + t * d, vt.data(), Tk, 0, last + 1, d, n.mac, dP.data());
         for (int s = 0; s <= last; ++s) {
-          P[s] = fw.P[static_cast<size_t>(t) * T + s];
+          P[s] = fw.P[static_cast<size_t>(t) * Tk + s];
           dP[s] = round_fmt(dP[s], n.grads);
         }
       }
-      double acc = 0;
-      acc = dot(dP.data(), P.data(), last + 1, n.mac);
-      delta[t] = round_fmt(acc, n.accum);
+      delta[t] = round_fmt(dot(dP.data(), P.data(), last + 1, n.mac), n.accum);
     }
     return delta;
   }
@@ -327,25 +418,37 @@ std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& 
       for (size_t i = 0; i < ofp.size(); ++i) ofp[i] = fw.o[i] + round_fmt(fw.o32[i] - fw.o[i], n.low);
       break;
     case DeltaMode::Fp32Recompute: {
-      // The same algorithm with every point in the wide format.
+      // The same algorithm with every point in the wide format (Q, K, V are what they are).
       AttnNumerics w = n;
-      w.qkv = n.qkv;  // Q, K, V are what they are; the arithmetic is wide
-      w.scores = w.probs = w.accum = w.out = w.mac = wide_of(n);
+      w.scores = w.probs = w.accum = w.lsum = w.out = w.mac = w.lsum_mac = wide_of(n);
       w.round_ops = false;
       HeadForward re;
-      head_forward(cfg, w, T, d, q, k, v, re);
+      if (c.dots)
+        head_forward_dots(c.cfg, w, T, Tk, d, c.dots, v, re);
+      else
+        head_forward(c.cfg, w, T, d, q, k, v, re);
       ofp = re.o;
       break;
     }
     default: break;
   }
-  const auto dor = rounded(dout, td, n.grads);
-  for (int t = 0; t < T; ++t) {
-    double acc = 0;
-    acc = dot(dor.data() + t * d, ofp.data() + t * d, d, n.mac);
-    delta[t] = round_fmt(acc, n.accum);
-  }
+  for (int t = 0; t < T; ++t)
+    delta[t] = round_fmt(dot(dor.data() + t * d, ofp.data() + t * d, d, n.mac), n.accum);
   return delta;
+}
+
+}  // namespace
+
+std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
+                                const double* q, const double* k, const double* v,
+                                const HeadForward& fw, const double* dout) {
+  return deltas(make_ctx(cfg, n, T, d), q, k, v, fw, dout);
+}
+
+std::vector<double> head_deltas_dots(const AttentionConfig& cfg, const AttnNumerics& n, int T,
+                                     int Tk, int d, const double* dots, const double* v,
+                                     const HeadForward& fw, const double* dout) {
+  return deltas(make_ctx(cfg, n, T, d, Tk, dots), nullptr, nullptr, v, fw, dout);
 }
 
 void head_backward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,

@@ -22,6 +22,14 @@ struct HeadForward {
 void head_forward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
                   const double* q, const double* k, const double* v, HeadForward& fw,
                   bool want_stats = false);
+// The same with the dot products given instead of Q and K (the numerics experiments choose
+// scores exactly): dots (T, Tk) holds q_t.k_s as the kernel's matmul would produce it, to
+// which the scale and the score rounding are applied as in head_forward; v is (Tk, d) and
+// the outputs have T rows. Non-causal unless Tk == T. Equals head_forward bit for bit when
+// dots are the q.k sums head_forward forms (exact ones, e.g. sums of two BF16 values).
+void head_forward_dots(const AttentionConfig& cfg, const AttnNumerics& n, int T, int Tk, int d,
+                       const double* dots, const double* v, HeadForward& fw,
+                       bool want_stats = false);
 // dout: (T, d). Writes dq, dk, dv (T, d) in format n.grads. fw is this head's forward.
 void head_backward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
                    const double* q, const double* k, const double* v, const HeadForward& fw,
@@ -31,6 +39,10 @@ void head_backward(const AttentionConfig& cfg, const AttnNumerics& n, int T, int
 std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d,
                                 const double* q, const double* k, const double* v,
                                 const HeadForward& fw, const double* dout);
+
+std::vector<double> head_deltas_dots(const AttentionConfig& cfg, const AttnNumerics& n, int T,
+                                     int Tk, int d, const double* dots, const double* v,
+                                     const HeadForward& fw, const double* dout);
 
 // The shift cap used by stabilized flash for P~ in format f (see head_cpu.cpp).
 double stabilized_max_shift(const AttentionConfig& cfg, DType probs);

@@ -19,6 +19,16 @@
 namespace st {
 
 enum class AttentionKind { Baseline, Flash, StabilizedFlash };
+
+// How stabilized flash picks the shifted maximum of a tile with tied maxima.
+enum class TieShift {
+  Beta,      // Qiu & Yao: m' = beta * r_m (r_m > 0) or 0, capped by max_shift
+  ExactSum,  // beta's m', then moved up to the nearest value at which the tied entries'
+             // P~ = p is not a power of two and ties * p is exact in l's format: with 3 or
+             // more ties a BF16 l = ties * p otherwise rounds, biasing O (docs/numerics.md)
+};
+TieShift parse_tie_shift(const std::string& s);  // beta | exact_sum
+const char* tie_shift_name(TieShift t);
 AttentionKind parse_attention_kind(const std::string& s);  // baseline | flash | stabilized_flash
 const char* attention_kind_name(AttentionKind k);
 
@@ -29,6 +39,9 @@ struct AttentionConfig {
   // optional overrides then replace single points (see core/attention_numerics.h).
   RoundingRule rule = RoundingRule::Gpu;
   std::optional<DType> qkv, scores, probs, accum, out, mac, grads;
+  // The softmax row sum l and its partial sums: unless set, they follow accum and mac (so
+  // accum: bf16 alone keeps l in BF16 as the paper's implementation does).
+  std::optional<DType> lsum, lsum_mac;
   DeltaMode delta = DeltaMode::O;
   // Flash tiles: Br query rows, Bc key columns; 0 means one tile spanning the sequence.
   int block_q = 64, block_k = 64;
@@ -36,6 +49,7 @@ struct AttentionConfig {
   // shift of the maximum (in units of the score) so exp never underflows in P~'s format:
   // 0 picks ln(1/min_normal(probs)) / 2 (see attention/head_cpu.cpp).
   double beta = 2.0, tie_tol = 1e-3, max_shift = 0.0;
+  TieShift tie_shift = TieShift::Beta;
   std::vector<int> fp32_out_heads;  // heads of this layer whose stored O is FP32
   bool collect_stats = false;       // fill Attention::stats() in forward
 

@@ -48,7 +48,8 @@ std::string AttnNumerics::describe() const {
   std::ostringstream os;
   os << "qkv=" << dtype_name(qkv) << " scores=" << dtype_name(scores)
      << " probs=" << dtype_name(probs) << " accum=" << dtype_name(accum)
-     << " out=" << dtype_name(out) << " mac=" << dtype_name(mac)
+     << " lsum=" << dtype_name(lsum) << " out=" << dtype_name(out) << " mac=" << dtype_name(mac)
+     << " lsum_mac=" << dtype_name(lsum_mac)
      << " grads=" << dtype_name(grads) << (round_ops ? " round_ops" : "")
      << " delta=" << delta_mode_name(delta);
   return os.str();
@@ -67,6 +68,8 @@ AttnNumerics numerics_for_rule(RoundingRule rule, DType f, bool flash_like) {
     n.round_ops = true;
     if (rule == RoundingRule::EveryMac) n.mac = f;
   }
+  n.lsum = n.accum;
+  n.lsum_mac = n.mac;
   return n;
 }
 

@@ -39,9 +39,11 @@ struct AttnNumerics {
   DType qkv = DType::F32;     // Q, K, V as read
   DType scores = DType::F32;  // S = scale * q.k (and S - m)
   DType probs = DType::F32;   // P (baseline) / P~ = exp(S - m) fed to P~V (flash)
-  DType accum = DType::F32;   // flash: O~, l, rescale factors; baseline: exp and row sum
+  DType accum = DType::F32;   // flash: O~ and the rescale factor alpha; baseline: exp(S - m)
+  DType lsum = DType::F32;    // the softmax row sum l (flash: running; baseline: sum of exp)
   DType out = DType::F32;     // stored O
-  DType mac = DType::F32;     // partial sums inside matmuls and row sums
+  DType mac = DType::F32;     // partial sums inside matmuls (q.k, P V, the backward's)
+  DType lsum_mac = DType::F32;  // partial sums of the softmax row sum l over one key tile
   DType grads = DType::F32;   // stored dQ, dK, dV, dS, dP
   bool round_ops = false;     // every_op/every_mac: intermediate results (a*b, a+b) rounded too
   DeltaMode delta = DeltaMode::O;

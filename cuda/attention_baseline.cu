@@ -148,6 +148,8 @@ void check_numerics(const AttentionConfig& cfg, DType f, int NH) {
     point("accum", n.accum, want.accum);
     point("out", n.out, want.out);
     point("mac", n.mac, want.mac);
+    point("lsum", n.lsum, want.lsum);
+    point("lsum_mac", n.lsum_mac, want.lsum_mac);
     point("grads", n.grads, want.grads);
     if (n.round_ops != want.round_ops) unsupported("attention.rule (rounding of every op)");
   }

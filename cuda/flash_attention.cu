@@ -84,6 +84,18 @@ class FlashAttentionCuda : public Attention {
     if (cfg.mac && *cfg.mac != DType::F32)
       fail("attention.mac = ", fmt_name(*cfg.mac),
            " is not supported by the CUDA flash kernels (the tensor cores accumulate in fp32)");
+    if (cfg.kind == AttentionKind::StabilizedFlash && cfg.tie_shift != TieShift::Beta)
+      fail("attention.tie_shift = ", tie_shift_name(cfg.tie_shift),
+           " is CPU only; the CUDA stabilized flash kernels shift by beta");
+    // The kernels keep l in O~'s format (FP32, or the low format with attention.accum low).
+    if (cfg.lsum && *cfg.lsum != cfg.accum.value_or(DType::F32))
+      fail("attention.lsum = ", fmt_name(*cfg.lsum), " differs from attention.accum = ",
+           fmt_name(cfg.accum.value_or(DType::F32)),
+           ": the CUDA flash kernels keep l in the accumulator's format; a separate l format "
+           "runs on device: cpu");
+    if (cfg.lsum_mac && *cfg.lsum_mac != DType::F32)
+      fail("attention.lsum_mac = ", fmt_name(*cfg.lsum_mac),
+           " is not supported by the CUDA flash kernels (row sums accumulate in fp32)");
     ST_CHECK(cfg.beta >= 1.0, "attention.beta must be >= 1, got ", cfg.beta);
     ST_CHECK(cfg.tie_tol >= 0.0, "attention.tie_tol must be >= 0, got ", cfg.tie_tol);
     ST_CHECK(cfg.max_shift >= 0.0, "attention.max_shift must be >= 0, got ", cfg.max_shift);

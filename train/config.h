@@ -85,9 +85,12 @@ struct AttentionSection {
   // fp32 | fp64.
   std::string qkv = "auto", scores = "auto", probs = "auto", accum = "auto", out = "auto",
               mac = "auto", grads = "auto";
+  // The softmax row sum l and its partial sums; auto: follow accum and mac.
+  std::string lsum = "auto", lsum_mac = "auto";
   std::string delta = "o";  // o | o_split | o_fp32 | dp_p | fp32_recompute
   int block_q = 64, block_k = 64;  // flash tiles; 0: one tile per row
   double beta = 2.0, tie_tol = 1e-3, max_shift = 0.0;
+  std::string tie_shift = "beta";  // beta | exact_sum (core/attention.h)
   std::string layer_backends;  // "2:flash,5:stabilized_flash": backend for listed layers
   std::string fp32_out_heads;  // "2.8,2.3": layer.head pairs whose stored O is FP32
 };

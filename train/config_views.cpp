@@ -59,12 +59,15 @@ std::vector<AttentionConfig> attention_configs(const Config& c, const std::strin
   base.out = fmt(a.out);
   base.mac = fmt(a.mac);
   base.grads = fmt(a.grads);
+  base.lsum = fmt(a.lsum);
+  base.lsum_mac = fmt(a.lsum_mac);
   base.delta = parse_delta_mode(a.delta);
   base.block_q = a.block_q;
   base.block_k = a.block_k;
   base.beta = a.beta;
   base.tie_tol = a.tie_tol;
   base.max_shift = a.max_shift;
+  base.tie_shift = parse_tie_shift(a.tie_shift);
   std::vector<AttentionConfig> layers(c.model.n_layer, base);
   const std::string lb = where + "attention.layer_backends";
   for (const std::string& item : split(a.layer_backends, ',')) {
