@@ -61,6 +61,62 @@ DoutKind parse_dout_kind(const std::string& s) {
   fail("unknown dO kind '", s, "' (expected ones or normal)");
 }
 
+double InputDist::draw(Rng& rng) const {
+  switch (kind) {
+    case Kind::Normal: return a + b * rng.normal();
+    case Kind::Uniform: return a + (b - a) * rng.uniform();
+    case Kind::Outliers: {
+      const double x = a + b * rng.normal();
+      return rng.uniform() < frac ? x * scale : x;
+    }
+  }
+  return 0;
+}
+
+std::string InputDist::str() const {
+  char buf[128];
+  switch (kind) {
+    case Kind::Normal: std::snprintf(buf, sizeof buf, "normal:%g:%g", a, b); break;
+    case Kind::Uniform: std::snprintf(buf, sizeof buf, "uniform:%g:%g", a, b); break;
+    case Kind::Outliers:
+      std::snprintf(buf, sizeof buf, "outliers:%g:%g:%g:%g", a, b, frac, scale);
+      break;
+  }
+  return buf;
+}
+
+InputDist parse_input_dist(const std::string& s, const std::string& what) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i)
+    if (i == s.size() || s[i] == ':') {
+      parts.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  const char* expect =
+      "normal:MEAN:STD, uniform:LO:HI or outliers:MEAN:STD:FRAC:SCALE (e.g. normal:0.7:0.3)";
+  std::vector<double> x;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    char* end = nullptr;
+    const double v = std::strtod(parts[i].c_str(), &end);
+    if (parts[i].empty() || *end != '\0' || !std::isfinite(v))
+      fail(what, ": '", s, "' has '", parts[i], "' where a number belongs; expected ", expect);
+    x.push_back(v);
+  }
+  InputDist d;
+  if (parts[0] == "normal" && x.size() == 2 && x[1] >= 0) {
+    d = {InputDist::Kind::Normal, x[0], x[1]};
+  } else if (parts[0] == "uniform" && x.size() == 2 && x[0] <= x[1]) {
+    d = {InputDist::Kind::Uniform, x[0], x[1]};
+  } else if (parts[0] == "outliers" && x.size() == 4 && x[1] >= 0 && x[2] >= 0 && x[2] <= 1) {
+    d = {InputDist::Kind::Outliers, x[0], x[1], x[2], x[3]};
+  } else {
+    fail(what, ": '", s, "' is not a distribution; expected ", expect,
+         " with STD >= 0, LO <= HI and 0 <= FRAC <= 1");
+  }
+  return d;
+}
+
 std::string stabilized_label(double beta) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "stabilized_b%g", beta);
@@ -96,7 +152,13 @@ AttentionConfig backend_config(const BiasConfig& bc, const Backend& b, BiasAccum
   c.block_q = 64;
   c.block_k = bc.block_k;
   c.beta = b.beta;
-  if (accum == BiasAccum::Bf16) c.accum = DType::BF16;
+  c.tie_shift = bc.tie_shift;
+  if (accum == BiasAccum::Bf16) c.accum = bc.compute;
+  c.scores = bc.scores;
+  c.probs = bc.probs;
+  c.lsum = bc.lsum;
+  c.lsum_mac = bc.lsum_mac;
+  c.out = bc.out;
   return c;
 }
 
@@ -128,22 +190,22 @@ struct Collector {
   }
 };
 
-// The head call's inputs: scores chosen per row (see experiments.h).
+// The head call's inputs: dot products chosen per row (see experiments.h).
 struct CallInputs {
-  std::vector<double> q, k, v, dout[2];  // (T, d) each, BF16-exact
-  bool same_tile[64] = {};               // per used row: all ties inside one key tile
+  std::vector<double> dots;      // (R, T): q_r.k_s, exact in FP32
+  std::vector<double> v, dout[2];  // v (T, d) and dO (R, d) each, in the compute format
+  std::vector<char> same_tile;   // per row: all ties inside one key tile
 };
 
 void make_inputs(const BiasConfig& bc, BiasRows kind, Rng& rng, CallInputs& in) {
-  const int T = bc.keys, d = bc.d, P = d / 2;
-  const size_t td = static_cast<size_t>(T) * d;
-  in.q.assign(td, 0.0);
-  in.k.assign(td, 0.0);
-  in.v.resize(td);
+  const int T = bc.keys, d = bc.d, R = bc.rows_per_call;
+  in.dots.assign(static_cast<size_t>(R) * T, 0.0);
+  in.v.resize(static_cast<size_t>(T) * d);
+  in.same_tile.assign(R, 0);
   const double sqrt_d = std::sqrt(static_cast<double>(d));
   std::vector<double> S(T);
   std::vector<int> pos;
-  for (int r = 0; r < P; ++r) {
+  for (int r = 0; r < R; ++r) {
     pos.clear();
     const int nt = kind == BiasRows::Single ? 1 : (kind == BiasRows::Diffuse ? 0 : bc.ties);
     if (kind == BiasRows::TiedTile) {
@@ -163,50 +225,56 @@ void make_inputs(const BiasConfig& bc, BiasRows kind, Rng& rng, CallInputs& in) 
         if (std::find(pos.begin(), pos.end(), p) == pos.end()) pos.push_back(p);
       }
     }
+    const double top = bc.top_spread > 0 ? bc.top + bc.top_spread * (rng.uniform() - 0.5) : bc.top;
     for (int s = 0; s < T; ++s) {
       const double u = rng.uniform();
-      S[s] = kind == BiasRows::Diffuse ? bc.top - bc.diffuse_width * u
-                                       : bc.top - (bc.gap_lo + (bc.gap_hi - bc.gap_lo) * u);
+      S[s] = kind == BiasRows::Diffuse ? top - bc.diffuse_width * u
+                                       : top - (bc.gap_lo + (bc.gap_hi - bc.gap_lo) * u);
     }
-    for (int p : pos) S[p] = bc.top;
+    for (int p : pos) S[p] = top;
     bool same = nt > 1;
     for (int p : pos) same = same && p / bc.block_k == pos[0] / bc.block_k;
     in.same_tile[r] = same;
-    in.q[static_cast<size_t>(r) * d + 2 * r] = 1.0;
-    in.q[static_cast<size_t>(r) * d + 2 * r + 1] = 1.0;
     for (int s = 0; s < T; ++s) {
       const double X = S[s] * sqrt_d;
       const double hi = round_fmt(X, DType::BF16);
-      in.k[static_cast<size_t>(s) * d + 2 * r] = hi;
-      in.k[static_cast<size_t>(s) * d + 2 * r + 1] = round_fmt(X - hi, DType::BF16);
+      in.dots[static_cast<size_t>(r) * T + s] = hi + round_fmt(X - hi, DType::BF16);
     }
   }
-  for (double& x : in.v) x = round_fmt(bc.v_mean + bc.v_std * rng.normal(), DType::BF16);
-  in.dout[0].assign(td, 1.0);
-  in.dout[1].resize(td);
-  for (double& x : in.dout[1]) x = round_fmt(rng.normal(), DType::BF16);
+  for (double& x : in.v) x = round_fmt(bc.v.draw(rng), bc.compute);
+  in.dout[0].assign(static_cast<size_t>(R) * d, 1.0);
+  in.dout[1].resize(static_cast<size_t>(R) * d);
+  for (double& x : in.dout[1]) x = round_fmt(rng.normal(), bc.compute);
 }
 
 }  // namespace
 
 BiasReport run_bias_experiment(const BiasConfig& bc) {
-  ST_CHECK(bc.d >= 2 && bc.d % 2 == 0 && bc.d <= 128, "bias experiment: head dim ", bc.d,
-           ", expected an even number in [2, 128]");
+  ST_CHECK(bc.d >= 1 && bc.d <= 1024, "bias experiment: head dim ", bc.d,
+           ", expected 1..1024");
+  ST_CHECK(bc.rows_per_call >= 1, "bias experiment: rows per call = ", bc.rows_per_call);
+  ST_CHECK(bc.compute == DType::BF16 || bc.compute == DType::F16,
+           "bias experiment: compute format ", dtype_name(bc.compute), ", expected bf16 or fp16");
   ST_CHECK(bc.keys >= 2 && bc.block_k >= 1, "bias experiment: keys = ", bc.keys,
            ", block_k = ", bc.block_k);
   ST_CHECK(bc.ties >= 2 && bc.ties <= std::min(bc.block_k, bc.keys),
            "bias experiment: ties = ", bc.ties, ", expected 2..min(block_k, keys)");
   ST_CHECK(bc.rows >= 2, "bias experiment: rows = ", bc.rows, ", expected at least 2");
+  ST_CHECK((bc.rows + bc.rows_per_call - 1) / bc.rows_per_call >= 2, "bias experiment: ",
+           bc.rows, " rows at ", bc.rows_per_call,
+           " per call make one call; the standard error needs at least 2 (more rows or fewer "
+           "rows per call)");
   ST_CHECK(bc.gap_lo > 0 && bc.gap_hi >= bc.gap_lo, "bias experiment: gap ", bc.gap_lo, "..",
            bc.gap_hi);
   const auto t0 = std::chrono::steady_clock::now();
-  const int T = bc.keys, d = bc.d, P = d / 2;
+  const int T = bc.keys, d = bc.d, P = bc.rows_per_call;
   const int calls = (bc.rows + P - 1) / P;
   const size_t rows = static_cast<size_t>(calls) * P;
 
   std::vector<Backend> backends{{"flash", AttentionKind::Flash, 2.0}};
   for (double b : bc.betas)
-    backends.push_back({stabilized_label(b), AttentionKind::StabilizedFlash, b});
+    backends.push_back({stabilized_label(b) + (bc.tie_shift == TieShift::ExactSum ? "_exact_sum" : ""),
+                        AttentionKind::StabilizedFlash, b});
   if (bc.baseline) backends.push_back({"baseline", AttentionKind::Baseline, 2.0});
 
   Collector col;
@@ -253,7 +321,7 @@ BiasReport run_bias_experiment(const BiasConfig& bc) {
     const size_t row0 = static_cast<size_t>(call) * P;
     for (int r = 0; r < P; ++r) same_tile[ki * rows + row0 + r] = in.same_tile[r];
     HeadForward gold;
-    head_forward(gold_cfg, gold_n, T, d, in.q.data(), in.k.data(), in.v.data(), gold);
+    head_forward_dots(gold_cfg, gold_n, P, T, d, in.dots.data(), in.v.data(), gold);
     // Records row errors err(r, j) (signed) for series `id`.
     auto record_o = [&](int id, const std::vector<double>& o) {
       for (int r = 0; r < P; ++r) {
@@ -276,14 +344,14 @@ BiasReport run_bias_experiment(const BiasConfig& bc) {
               in.dout[k][static_cast<size_t>(r) * d + j] * gold.o[static_cast<size_t>(r) * d + j];
     }
     std::vector<double> rounded_gold(gold.o);
-    for (double& x : rounded_gold) x = round_fmt(x, DType::BF16);
+    for (double& x : rounded_gold) x = round_fmt(x, bc.compute);
     for (BiasAccum a : bc.accums) {
       record_o(col.at(kind, a, "fp64_rounded", "o"), rounded_gold);
       for (const auto& b : backends) {
         AttentionConfig cfg = backend_config(bc, b, a);
         HeadForward fw;
-        head_forward(cfg, cfg.numerics(DType::BF16, 0), T, d, in.q.data(), in.k.data(),
-                     in.v.data(), fw);
+        head_forward_dots(cfg, cfg.numerics(bc.compute, 0), P, T, d, in.dots.data(),
+                          in.v.data(), fw);
         record_o(col.at(kind, a, b.label, "o"), fw.o);
         record_o(col.at(kind, a, b.label, "o32"), fw.o32);
         if (!bc.deltas) continue;
@@ -292,8 +360,9 @@ BiasReport run_bias_experiment(const BiasConfig& bc) {
           for (DeltaMode m : kDeltaModes) {
             if (b.kind == AttentionKind::Baseline && m != DeltaMode::DpP) continue;
             cfg.delta = m;
-            const auto delta = head_deltas(cfg, cfg.numerics(DType::BF16, 0), T, d, in.q.data(),
-                                           in.k.data(), in.v.data(), fw, in.dout[di].data());
+            const auto delta =
+                head_deltas_dots(cfg, cfg.numerics(bc.compute, 0), P, T, d, in.dots.data(),
+                                 in.v.data(), fw, in.dout[di].data());
             const int id = col.at(kind, a, b.label, "delta", delta_mode_name(m), dout_kind_name(dk));
             for (int r = 0; r < P; ++r) {
               const double e = delta[r] - gold_delta[di][r];
@@ -326,12 +395,22 @@ BiasReport run_bias_experiment(const BiasConfig& bc) {
     s.rows = n;
     s.mean = n ? sum / n : 0.0;
     s.mean_abs = n ? sum_abs / n : 0.0;
+    // Standard error over calls: rows of one call share V, so they are not independent.
+    // The spread of the per-call means (each over that call's finite rows) around the mean.
     double ss = 0;
-    for (size_t r = 0; r < rows; ++r) {
-      const double e = col.err[i][r];
-      if (std::isfinite(e)) ss += (e - s.mean) * (e - s.mean);
+    int used = 0;
+    for (int call = 0; call < calls; ++call) {
+      double cs = 0;
+      int cn = 0;
+      for (int r = 0; r < P; ++r) {
+        const double e = col.err[i][static_cast<size_t>(call) * P + r];
+        if (std::isfinite(e)) cs += e, ++cn;
+      }
+      if (cn == 0) continue;
+      ss += (cs / cn - s.mean) * (cs / cn - s.mean);
+      ++used;
     }
-    s.se = n > 1 ? std::sqrt(ss / (n - 1) / n) : 0.0;
+    s.se = used > 1 ? std::sqrt(ss / (used - 1) / used) : 0.0;
     s.nonfinite = static_cast<double>(bad) / static_cast<double>(rows);
     rep.series.push_back(s);
   }

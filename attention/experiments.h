@@ -2,26 +2,42 @@
 // head lab (attention/head_cpu.h); nothing here reimplements attention.
 //
 // DeviationStats: max, mean and std of |a - b| over many elements (Golden et al.'s metric).
+// InputDist: the input distributions of the lab's command line.
 //
-// Bias experiment (Qiu & Yao; RESEARCH.md section 4): query rows whose scores are chosen
-// exactly, V ~ N(v_mean, v_std) in BF16, non-causal, keys = T. Mean signed error of O (and
-// of delta for a chosen dO) against baseline attention in FP64 on the same inputs, with
-// its standard error over rows. How the scores are made exact: row r of a head call has
-// q = e_{2r} + e_{2r+1} (all other entries 0) and key s has k[2r] = hi, k[2r+1] = lo with
-// hi = bf16(X), lo = bf16(X - hi), X = target score * sqrt(d). The dot product q.k = hi + lo
-// has at most 16 significant bits, so it is exact in FP32 and FP64 and every backend sees
-// the same X; the score is X * scale rounded to the backend's score format. Tied keys get
-// identical (hi, lo), so their scores are equal in every format, and the tie is exact.
-// A call therefore yields d/2 distinct rows; the other T - d/2 query rows have q = 0 and
-// are not counted. Each call draws its own V (shared by its rows) and its own scores.
+// Bias experiment (Qiu & Yao; docs/numerics.md): query rows whose scores are chosen
+// exactly, V drawn from a distribution in the compute format, non-causal, `keys` keys. Mean
+// signed error of O (and of delta for a chosen dO) against baseline attention in FP64 on the
+// same inputs, with its standard error. The scores go in through the lab's dot-product entry
+// point (head_forward_dots): row r's dot product with key s is X = hi + lo, hi = bf16(X'),
+// lo = bf16(X' - hi), X' = target score * sqrt(d) -- at most 16 significant bits, so what a
+// q.k sum in FP32 or FP64 would produce exactly, and every backend sees the same X; the score
+// is X * scale rounded to the backend's score format. Tied keys get the same X, so the tie is
+// exact in every format. A head call has rows_per_call query rows sharing one V draw; every
+// row is counted. Rows of one call share V, so the standard error is taken over calls (the
+// spread of the per-call mean errors), not over rows.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/attention.h"
 
 namespace st {
+
+class Rng;
+
+// An input distribution: normal(mean, std), uniform(lo, hi), or outliers(mean, std, frac,
+// scale) = normal(mean, std) with a fraction frac of the entries multiplied by scale.
+struct InputDist {
+  enum class Kind { Normal, Uniform, Outliers } kind = Kind::Normal;
+  double a = 0, b = 1;           // normal/outliers: mean, std; uniform: lo, hi
+  double frac = 0, scale = 1;    // outliers only
+  double draw(Rng& rng) const;
+  std::string str() const;       // the text parse_input_dist reads: "normal:0.7:0.3"
+};
+// "normal:MEAN:STD" | "uniform:LO:HI" | "outliers:MEAN:STD:FRAC:SCALE"; `what` names the flag.
+InputDist parse_input_dist(const std::string& s, const std::string& what);
 
 struct DeviationStats {
   double max = 0, sum = 0, sumsq = 0;
@@ -51,11 +67,11 @@ enum class BiasRows {
 const char* bias_rows_name(BiasRows r);  // tied_tile | tied_any | single | diffuse
 BiasRows parse_bias_rows(const std::string& s);
 
-// Where flash's output accumulator lives (the rest follows the gpu rule, compute BF16).
+// Where flash's output accumulator lives (the rest follows the gpu rule in the compute format).
 enum class BiasAccum {
-  Bf16,  // accum = bf16: O~, l, rescale factors in BF16 (the paper's implementation);
-         // baseline: its exponentials and row sum in BF16
-  Fp32,  // gpu rule: O~ and l in FP32, O rounded to BF16 once at the end
+  Bf16,  // accum = the compute format: O~, l, rescale factors in it (the paper's
+         // implementation with BF16); baseline: its exponentials and row sum in it
+  Fp32,  // gpu rule: O~ and l in FP32, O rounded to the compute format once at the end
 };
 const char* bias_accum_name(BiasAccum a);  // bf16_accum | fp32_accum
 
@@ -68,15 +84,21 @@ DoutKind parse_dout_kind(const std::string& s);
 
 struct BiasConfig {
   int rows = 4000;      // distinct rows per row kind (rounded up to whole head calls)
-  int keys = 512;       // keys per row = T of each head call
+  int rows_per_call = 64;  // query rows per head call; they share the call's V
+  int keys = 512;       // keys per row
   int d = 32;           // head dim
   int block_k = 64;     // flash key tile (query tile 64; it does not change the forward)
   int ties = 2;         // tied maxima (TiedTile, TiedAny); must fit in one tile
   double top = 5.0;     // score of the maximum
+  double top_spread = 0;  // > 0: each row's maximum is top + U(-spread/2, spread/2)
   double gap_lo = 12, gap_hi = 20;  // the other keys: top - U(gap_lo, gap_hi)
   double diffuse_width = 4;         // Diffuse rows: U(top - width, top)
-  double v_mean = -1.0, v_std = 0.5;
+  InputDist v{InputDist::Kind::Normal, -1.0, 0.5};  // V, rounded to the compute format
+  DType compute = DType::BF16;  // the compute format f (bf16 or fp16)
+  // Overrides applied to every backend after the accumulator setting (unset: the rule's).
+  std::optional<DType> scores, probs, lsum, lsum_mac, out;
   std::vector<double> betas{2.0, 7.0};  // stabilized flash, one backend per beta
+  TieShift tie_shift = TieShift::Beta;  // stabilized flash's shifted maximum (core/attention.h)
   std::vector<BiasRows> kinds{BiasRows::TiedTile, BiasRows::TiedAny, BiasRows::Single,
                               BiasRows::Diffuse};
   std::vector<BiasAccum> accums{BiasAccum::Bf16, BiasAccum::Fp32};
@@ -97,14 +119,14 @@ struct BiasSeries {
   std::string dout;        // delta: ones | normal
   int64_t rows = 0;
   double mean = 0;      // mean over rows of the row's mean signed error (over head dims)
-  double se = 0;        // standard error of `mean` over rows
+  double se = 0;        // standard error of `mean`: sd of the per-call means / sqrt(calls)
   double mean_abs = 0;  // mean |error| over rows and dims (scale of the error)
   double nonfinite = 0;  // fraction of rows with a NaN/Inf error (excluded from the above)
 };
 
 struct BiasReport {
   std::vector<BiasSeries> series;
-  int rows_per_call = 0, calls_per_kind = 0;
+  int rows_per_call = 0, calls_per_kind = 0;  // se is over the calls_per_kind calls
   double top_fp32 = 0, top_fp64 = 0;  // the maximum's score as FP32 flash / FP64 see it
   std::vector<double> same_tile_fraction;  // per kind in cfg.kinds: rows whose ties share a tile
   double seconds = 0;
