@@ -205,7 +205,7 @@ MeanSe paired_ratio(const std::vector<double>& a, const std::vector<double>& b) 
 
 std::string ratio_text(const MeanSe& r) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.3f ± %.3f", r.mean, r.se);
+  std::snprintf(buf, sizeof buf, "%.3f ± %.1g", r.mean, r.se);
   return buf;
 }
 
@@ -299,15 +299,16 @@ int sweep_cmd(const std::string& plan_file, int threads, const std::string& csv,
     std::printf("Defaults: %s.%s%s\n\n", common.c_str(),
                 g.num.empty() ? "" : (" num: " + text(g.num)).c_str(),
                 g.num.empty() ? "" : (", den: " + text(g.den)).c_str());
-    std::string head = "|";
-    for (const auto& [k, vals] : g.axes) head += " " + k + " |";
+    std::string head = "|", rule = "|";
+    for (const auto& [k, vals] : g.axes) head += " " + k + " |", rule += "---|";
     if (g.num.empty()) {
       std::printf("%s heads | mean abs err o32 | mean abs err O | bias O | mean abs O_gold |\n", head.c_str());
-      std::printf("|%s---|---|---|---|---|\n", std::string(g.axes.size() * 4, '-').c_str());
+      std::printf("%s--:|---|---|---|---|\n", rule.c_str());
     } else {
-      std::printf("%s heads | num o32 | den o32 | ratio o32 | num O | den O | ratio O |\n",
-                  head.c_str());
-      std::printf("|%s---|---|---|---|---|---|---|\n", std::string(g.axes.size() * 4, '-').c_str());
+      const std::string n = text(g.num), d = text(g.den);
+      std::printf("%s heads | %s o32 | %s o32 | ratio o32 | %s O | %s O | ratio O |\n",
+                  head.c_str(), n.c_str(), d.c_str(), n.c_str(), d.c_str());
+      std::printf("%s--:|---|---|---|---|---|---|\n", rule.c_str());
     }
     for (const Row& r : rows[gi]) {
       std::string line = "|";
