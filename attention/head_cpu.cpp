@@ -228,6 +228,16 @@ double exact_sum_max(const Ctx& c, double rm, double mp, int ties) {
   return mp;
 }
 
+// Entries of the row (s <= last) with r_p(exp(r_s(S - shift))) == 1 in P's format: shift =
+// lse counts the normalised P as the flash backward recomputes it (flash_row_p_dp), shift =
+// the row max the unnormalised exponentials of one key tile spanning the row.
+int64_t probs_ones(const Ctx& c, const double* S, int last, double shift) {
+  int64_t ones = 0;
+  for (int s = 0; s <= last; ++s)
+    ones += round_fmt(std::exp(c.rop(S[s] - shift, c.n.scores)), c.n.probs) == 1.0;
+  return ones;
+}
+
 void baseline_forward(const Ctx& c, const double* q, const double* kt, const double* v,
                       HeadForward& fw, bool want_stats) {
   const auto& n = c.n;
@@ -257,6 +267,7 @@ void baseline_forward(const Ctx& c, const double* q, const double* kt, const dou
     if (want_stats) {
       row_stats(c, S.data(), last, fw.stats);
       for (int s = 0; s <= last; ++s) fw.stats.p_one += P[s] == 1.0;
+      fw.stats.p_tilde_one += probs_ones(c, S.data(), last, mx);
     }
   }
 }
@@ -293,7 +304,7 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       for (int s = c0; s < c1; ++s) {
         P[s - c0] = round_fmt(std::exp(c.rop(S[s] - m_new, n.scores)), n.probs);
         mac_sum(rowsum, P[s - c0], n.lsum_mac);
-        if (want_stats) fw.stats.p_one += P[s - c0] == 1.0;
+        if (want_stats) fw.stats.p_tilde_one += P[s - c0] == 1.0;
       }
       l = round_fmt(c.rop(alpha * l, n.lsum) + rowsum, n.lsum);
       std::fill(pv.begin(), pv.end(), 0.0);
@@ -307,7 +318,10 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       fw.o[t * d + j] = round_fmt(acc[j] / l, n.out);
     }
     fw.lse[t] = round_fmt(m + std::log(l), wide_of(n));
-    if (want_stats) row_stats(c, S.data(), last, fw.stats);
+    if (want_stats) {  // S holds the whole row now; P = 1 as the backward recomputes it
+      row_stats(c, S.data(), last, fw.stats);
+      fw.stats.p_one += probs_ones(c, S.data(), last, fw.lse[t]);
+    }
   }
 }
 

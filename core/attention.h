@@ -62,18 +62,25 @@ struct AttentionHeadStats {
   int64_t rows = 0;           // query rows seen
   int64_t tied_rows = 0;      // rows whose maximum is tied (within tie_tol) by another key
   int64_t tied_in_tile = 0;   // of those, rows with two tied maxima inside one key tile
-  int64_t p_one = 0;          // entries of P~ (flash) or P (baseline) equal to exactly 1
+  // Entries equal to exactly 1 in P's format, two definitions (issue 21, finding 6):
+  // p_one: of the normalised P, the same for every backend (baseline: its materialised P;
+  // flash: P = r_p(exp(S - lse)) as the flash backward recomputes it). p_tilde_one: of the
+  // unnormalised exponentials r_p(exp(S - m)): flash, P~ per key tile against the running
+  // max (>= 1 per tile that raises it); baseline, m the row max (flash with one key tile).
+  int64_t p_one = 0;
+  int64_t p_tilde_one = 0;
   double entropy_sum = 0;     // sum over rows of the softmax entropy (nats)
   double mean_entropy() const { return rows ? entropy_sum / rows : 0.0; }
   // One more query row. Every backend merges rows, then (batch, head) pairs, in a fixed
   // order, so entropy_sum (an FP64 sum) is reproducible.
   void add_row(double row_max_logit, bool tied, bool tied_within_tile, int64_t ones,
-               double entropy) {
+               int64_t tilde_ones, double entropy) {
     max_logit = std::max(max_logit, row_max_logit);
     ++rows;
     tied_rows += tied;
     tied_in_tile += tied_within_tile;
     p_one += ones;
+    p_tilde_one += tilde_ones;
     entropy_sum += entropy;
   }
   // The rows of o added (statistics of disjoint rows).
@@ -83,6 +90,7 @@ struct AttentionHeadStats {
     tied_rows += o.tied_rows;
     tied_in_tile += o.tied_in_tile;
     p_one += o.p_one;
+    p_tilde_one += o.p_tilde_one;
     entropy_sum += o.entropy_sum;
   }
 };

@@ -44,9 +44,10 @@
 //
 // Statistics (collect_stats): the softmax kernel writes per row the row maximum of the
 // stored S (max_logit), whether another key is within tie_tol of it (tied; the row is the
-// baseline's one key tile, so tied_in_tile = tied_rows), the count of P entries equal to 1,
-// and the row's softmax entropy computed from S in FP64 (as the CPU's row_stats); the host
-// merges rows in (b, h, t) order like the CPU backend.
+// baseline's one key tile, so tied_in_tile = tied_rows), the count of P entries equal to 1
+// (p_one), the count of round(exp(S - max)) equal to 1 (p_tilde_one: what flash with one
+// key tile per row counts as P~ == 1), and the row's softmax entropy computed from S in FP64
+// (as the CPU's row_stats); the host merges rows in (b, h, t) order like the CPU backend.
 //
 // Supported: the gpu rounding rule with f in {bf16, fp16, fp32} and its defaults; overrides
 // equal to those defaults; causal or not. Every other setting (every_op / every_mac,
@@ -220,13 +221,14 @@ class AttentionCudaBaseline final : public Attention {
 
     cudak::SoftmaxRowStats st;
     Tensor st_buf;
-    if (cfg_.collect_stats) {  // doubles first (8-byte aligned), then float, int, int
-      st_buf = be_.alloc({5 * rows}, DType::F32);
+    if (cfg_.collect_stats) {  // doubles first (8-byte aligned), then float, int, int, int
+      st_buf = be_.alloc({6 * rows}, DType::F32);
       float* base = static_cast<float*>(st_buf.raw());
       st.entropy = reinterpret_cast<double*>(base);
       st.max_logit = base + 2 * rows;
       st.tied = reinterpret_cast<int*>(base + 3 * rows);
       st.p_one = reinterpret_cast<int*>(base + 4 * rows);
+      st.p_tilde_one = reinterpret_cast<int*>(base + 5 * rows);
     }
     cudak::softmax_forward(P_.raw(), static_cast<float*>(lse.raw()), rows, d.T, d.Tp, cfg_.causal,
                            st, cfg_.tie_tol, d.f, stream);
@@ -334,20 +336,21 @@ class AttentionCudaBaseline final : public Attention {
   // rows of one (b, h) in t order, then (b, h) in order into head h.
   void merge_stats(const Tensor& st_buf, const Dims& d) {
     const int64_t rows = d.BH * d.T;
-    Tensor host = Tensor::empty({5 * rows}, DType::F32);
+    Tensor host = Tensor::empty({6 * rows}, DType::F32);
     be_.copy(host, st_buf);
     const auto* base = static_cast<const char*>(host.raw());
     std::vector<double> ent(rows);
     std::vector<float> mx(rows);
-    std::vector<int> tied(rows), ones(rows);
+    std::vector<int> tied(rows), ones(rows), tilde_ones(rows);
     std::memcpy(ent.data(), base, rows * sizeof(double));
     std::memcpy(mx.data(), base + 8 * rows, rows * sizeof(float));
     std::memcpy(tied.data(), base + 12 * rows, rows * sizeof(int));
     std::memcpy(ones.data(), base + 16 * rows, rows * sizeof(int));
+    std::memcpy(tilde_ones.data(), base + 20 * rows, rows * sizeof(int));
     for (int64_t bh = 0; bh < d.BH; ++bh) {
       AttentionHeadStats s;
       for (int64_t r = bh * d.T; r < (bh + 1) * d.T; ++r)  // the row is baseline's one key tile
-        s.add_row(mx[r], tied[r] != 0, tied[r] != 0, ones[r], ent[r]);
+        s.add_row(mx[r], tied[r] != 0, tied[r] != 0, ones[r], tilde_ones[r], ent[r]);
       stats_[bh % d.NH].merge(s);
     }
   }

@@ -108,14 +108,19 @@ __global__ void __launch_bounds__(kRowThreads)
   const bool stats = st.entropy != nullptr;
   if (stats) {  // the CPU's row_stats, in FP64 from the stored scores
     const double m = mx;
-    int tied = 0;
+    int tied = 0, tilde_ones = 0;
     double z = 0;
     for (int s = threadIdx.x; s < n; s += blockDim.x) {
       const double v = score(s);
+      const double e = exp(v - m);
       tied += v >= m - tie_tol;
-      z += exp(v - m);
+      z += e;
+      // p_tilde_one: the unnormalised exp(S - max) rounded once to P's format T, from the
+      // FP64 value as the CPU (not from the FP32 e below, which could round twice).
+      tilde_ones += to_float(round_once<T>(e)) == 1.0f;
     }
     tied = block_sum(tied, sm_i);
+    tilde_ones = block_sum(tilde_ones, sm_i);
     z = block_sum(z, sm_d);
     double h = 0;
     for (int s = threadIdx.x; s < n; s += blockDim.x) {
@@ -127,6 +132,7 @@ __global__ void __launch_bounds__(kRowThreads)
       st.entropy[row] = h;
       st.max_logit[row] = mx;
       st.tied[row] = tied > 1 ? 1 : 0;
+      st.p_tilde_one[row] = tilde_ones;
     }
   }
 

@@ -23,7 +23,8 @@ struct SoftmaxRowStats {
   double* entropy = nullptr;
   float* max_logit = nullptr;
   int* tied = nullptr;   // 1 when another key is within tie_tol of the maximum
-  int* p_one = nullptr;  // entries of P equal to 1
+  int* p_one = nullptr;        // entries of P equal to 1
+  int* p_tilde_one = nullptr;  // entries with round(exp(S - row max)) == 1 in P's format
 };
 // In place, one block per row: the row of S (row r = bh * T + t) becomes the row of P, lse
 // (rows) receives m + log(sum). Causal rows see keys 0 .. t.

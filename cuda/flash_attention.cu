@@ -15,10 +15,11 @@
 // Each object belongs to one layer and keeps, between forward and backward, what the delta
 // mode needs (o_fp32: O in FP32; o_split: the residual tensor) plus the delta row buffer,
 // all from the backend's arena, reallocated when B, T, NH or the format change.
-// Statistics (collect_stats): p_one is counted by the forward kernel itself (the P~ it
-// really used); the other fields come from a separate per-row kernel that reproduces the
-// CPU's scores exactly. Per-row values are merged on the host in a fixed order (per (b, h),
-// rows in order; then heads over b), as the CPU backend does.
+// Statistics (collect_stats): p_tilde_one is counted by the forward kernel itself (the P~ it
+// really used); p_one (the normalised P == 1) is derived on the host from each row's lse and
+// maximum (flash::merge_row_stats); the other fields come from a separate per-row kernel
+// that reproduces the CPU's scores exactly. Per-row values are merged on the host in a fixed
+// order (per (b, h), rows in order; then heads over b), as the CPU backend does.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -127,12 +128,12 @@ class FlashAttentionCuda : public Attention {
     b.out = out.raw();
     b.lse = static_cast<float*>(lse.raw());
     b.saved = o_saved_.defined() ? o_saved_.raw() : nullptr;
-    b.p_one = cfg_.collect_stats ? static_cast<int32_t*>(pone_.raw()) : nullptr;
+    b.p_tilde_one = cfg_.collect_stats ? static_cast<int32_t*>(ptilde_.raw()) : nullptr;
     flash::run_forward(cfg_, n, fmt, call_dims(d), b, be_.stream());
     B_ = d.B, T_ = d.T, NH_ = n_head, fmt_ = fmt;
     fwd_delta_ = n.delta;
     have_forward_ = true;
-    if (cfg_.collect_stats) collect_stats(qkv, d, n);
+    if (cfg_.collect_stats) collect_stats(qkv, lse, d, n);
   }
 
   void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -217,8 +218,8 @@ class FlashAttentionCuda : public Attention {
       o_saved_ = Tensor();
     }
     if (cfg_.collect_stats) {
-      if (!pone_.defined() || pone_.numel() != rows) {
-        pone_ = be_.alloc({rows}, DType::I32);
+      if (!ptilde_.defined() || ptilde_.numel() != rows) {
+        ptilde_ = be_.alloc({rows}, DType::I32);
         rowstats_ = be_.alloc({rows * 4}, DType::F32);  // 16-byte flash::RowStats per row
       }
     }
@@ -226,20 +227,24 @@ class FlashAttentionCuda : public Attention {
   }
   int64_t NH_of(const Dims& d) const { return d.C / d.hs; }
 
-  void collect_stats(const Tensor& qkv, const Dims& d, const AttnNumerics& n) {
+  void collect_stats(const Tensor& qkv, const Tensor& lse, const Dims& d, const AttnNumerics& n) {
     static_assert(sizeof(flash::RowStats) == 16, "RowStats is 4 floats");
     const int NH = static_cast<int>(NH_of(d));
     flash::run_row_stats(cfg_, n, qkv.dtype(), call_dims(d), qkv.raw(),
                          static_cast<flash::RowStats*>(rowstats_.raw()), be_.stream());
     const size_t rows = static_cast<size_t>(d.B) * NH * d.T;
-    std::vector<int32_t> pone(rows);
+    std::vector<int32_t> ptilde(rows);
+    std::vector<float> lse_h(rows);  // (B, NH, T), the rows' order: p_one from lse
     std::vector<flash::RowStats> rs(rows);
-    ST_CUDA_CHECK(cudaMemcpyAsync(pone.data(), pone_.raw(), rows * sizeof(int32_t),
+    ST_CUDA_CHECK(cudaMemcpyAsync(ptilde.data(), ptilde_.raw(), rows * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, be_.stream()));
+    ST_CUDA_CHECK(cudaMemcpyAsync(lse_h.data(), lse.raw(), rows * sizeof(float),
                                   cudaMemcpyDeviceToHost, be_.stream()));
     ST_CUDA_CHECK(cudaMemcpyAsync(rs.data(), rowstats_.raw(), rows * sizeof(flash::RowStats),
                                   cudaMemcpyDeviceToHost, be_.stream()));
     ST_CUDA_CHECK(cudaStreamSynchronize(be_.stream()));
-    stats_ = flash::merge_row_stats(call_dims(d), pone.data(), rs.data());
+    stats_ =
+        flash::merge_row_stats(call_dims(d), ptilde.data(), lse_h.data(), rs.data(), n.probs);
   }
 
   std::vector<float> to_host(const Tensor& t) {
@@ -264,7 +269,7 @@ class FlashAttentionCuda : public Attention {
   bool have_forward_ = false, have_delta_ = false;
   Tensor delta_;     // (B, NH, T) FP32
   Tensor o_saved_;   // o_fp32: (B, T, C) FP32; o_split: (B, T, C) residual in the format
-  Tensor pone_;      // (B, NH, T) int32, collect_stats
+  Tensor ptilde_;    // (B, NH, T) int32 P~ == 1 counts, collect_stats
   Tensor rowstats_;  // (B, NH, T) flash::RowStats, collect_stats
   std::vector<AttentionHeadStats> stats_;
 };

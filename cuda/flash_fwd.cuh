@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
     acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
     acl[nb][0] = acl[nb][1] = 0u;  // +0 in bf16 and f16
   }
-  int pone[2] = {0, 0};
+  int ptilde[2] = {0, 0};  // P~ == 1 per row (p_tilde_one)
   uint32_t qf[HD / 16][4];
 
   for (int j = 0; j < n_kv; ++j) {
@@ -175,11 +175,11 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
         s[nb][e] = pr;
         rs[e >> 1] = __fadd_rn(rs[e >> 1], pr);
       }
-    if (p.p_one) {
+    if (p.p_tilde_one) {
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) pone[e >> 1] += s[nb][e] == 1.f;
+        for (int e = 0; e < 4; ++e) ptilde[e >> 1] += s[nb][e] == 1.f;
     }
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) {
@@ -223,9 +223,9 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
     __syncthreads();  // stage st is refilled in the next iteration
   }
 
-  // ---- epilogue: O, o32 / o_lo, lse, p_one
+  // ---- epilogue: O, o32 / o_lo, lse, p_tilde_one
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) pone[ri] = quad_sum_int(pone[ri]);
+  for (int ri = 0; ri < 2; ++ri) ptilde[ri] = quad_sum_int(ptilde[ri]);
   T* gout = static_cast<T*>(p.out) + static_cast<int64_t>(b) * T_ * C + h * HD;
   T* glo = p.o_lo ? static_cast<T*>(p.o_lo) + static_cast<int64_t>(b) * T_ * C + h * HD : nullptr;
   float* g32 = p.o32 ? p.o32 + static_cast<int64_t>(b) * T_ * C + h * HD : nullptr;
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
       const int64_t r = static_cast<int64_t>(bh) * T_ + row;
       // m + log(l) in FP64, rounded once to FP32 (as the CPU; one FP64 log per row).
       p.lse[r] = __double2float_rn(static_cast<double>(m[ri]) + log(static_cast<double>(L)));
-      if (p.p_one) p.p_one[r] = pone[ri];
+      if (p.p_tilde_one) p.p_tilde_one[r] = ptilde[ri];
     }
   }
 }

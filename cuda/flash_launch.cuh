@@ -3,7 +3,7 @@
 // launchers. Raw device pointers; every launcher enqueues on `stream` and checks the launch.
 // Layouts (the model's, read and written in place, row stride 3C or C, no permutes):
 //   qkv (B, T, 3C), head h of q at columns [h*hs, (h+1)*hs), k at C + ..., v at 2C + ...
-//   out, dout, o32, o_lo (B, T, C); lse, delta, p_one, row stats (B, NH, T).
+//   out, dout, o32, o_lo (B, T, C); lse, delta, p_tilde_one, row stats (B, NH, T).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -28,7 +28,7 @@ struct FwdParams {
   float* lse = nullptr;       // (B, NH, T)
   float* o32 = nullptr;       // optional (delta o_fp32): O before its final rounding
   void* o_lo = nullptr;       // optional (delta o_split): round(O32 - O), O the stored out; T
-  int32_t* p_one = nullptr;   // optional (collect_stats): per row, entries with P~ == 1
+  int32_t* p_tilde_one = nullptr;  // optional (collect_stats): per row, entries with P~ == 1
   int B = 0, T = 0, NH = 0, hs = 0;
   bool causal = true;
   bool scores_low = false;  // S rounded to the compute format after scaling

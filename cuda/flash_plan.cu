@@ -65,7 +65,7 @@ void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, c
   p.lse = b.lse;
   p.o32 = n.delta == DeltaMode::OFp32 ? static_cast<float*>(b.saved) : nullptr;
   p.o_lo = n.delta == DeltaMode::OSplit ? b.saved : nullptr;
-  p.p_one = b.p_one;
+  p.p_tilde_one = b.p_tilde_one;
   set_shape(p, cfg, n, d);
   p.beta = cfg.beta;
   p.tie_tol = cfg.tie_tol;
@@ -116,15 +116,25 @@ void run_row_stats(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt,
             cfg.tie_tol, cfg.block_k, s);
 }
 
-std::vector<AttentionHeadStats> merge_row_stats(const CallDims& d, const int32_t* p_one,
-                                                const RowStats* rs) {
+// p_one of a row: entries of the normalised P = round_probs(exp(S - lse)) equal to 1, as the
+// CPU lab counts them (P as the backward recomputes it). Only the row's unique maximum can
+// qualify: P = 1 needs P >= 1 - 2^-9 (BF16; 1 - 2^-12 FP16), and two such entries would sum
+// to more than 1; with a tied maximum exp(max - lse) <= 1/2. So the count is whether
+// exp(max_logit - lse), formed in FP64 as the CPU lab does (the gpu rule rounds no
+// intermediate), rounds to 1 in probs: no per-entry pass, no extra kernel output.
+std::vector<AttentionHeadStats> merge_row_stats(const CallDims& d, const int32_t* p_tilde_one,
+                                                const float* lse, const RowStats* rs,
+                                                DType probs) {
   std::vector<AttentionHeadStats> stats(d.NH, AttentionHeadStats{});
   for (int64_t bh = 0; bh < int64_t{d.B} * d.NH; ++bh) {
     AttentionHeadStats h;
     for (int64_t t = 0; t < d.T; ++t) {
       const size_t r = static_cast<size_t>(bh * d.T + t);
-      h.add_row(rs[r].max_logit, (rs[r].flags & 1) != 0, (rs[r].flags & 2) != 0, p_one[r],
-                rs[r].entropy);
+      const double p_max =
+          std::exp(static_cast<double>(rs[r].max_logit) - static_cast<double>(lse[r]));
+      const int64_t p_one = round_fmt(p_max, probs) == 1.0;
+      h.add_row(rs[r].max_logit, (rs[r].flags & 1) != 0, (rs[r].flags & 2) != 0, p_one,
+                p_tilde_one[r], rs[r].entropy);
     }
     stats[bh % d.NH].merge(h);
   }

@@ -24,13 +24,13 @@ AttnNumerics resolve_numerics(const AttentionConfig& cfg, DType fmt);
 
 // Device buffers of one call (layouts in flash_launch.cuh). saved: what the delta mode keeps
 // between forward and backward (o_fp32: O in FP32; o_split: the residual in fmt; otherwise
-// null); p_one: per-row P~ == 1 counts when statistics are collected, else null.
+// null); p_tilde_one: per-row P~ == 1 counts when statistics are collected, else null.
 struct Buffers {
   const void* qkv = nullptr;
   void* out = nullptr;
   float* lse = nullptr;
   void* saved = nullptr;
-  int32_t* p_one = nullptr;
+  int32_t* p_tilde_one = nullptr;
   // backward only
   const void* dout = nullptr;
   float* delta = nullptr;
@@ -50,8 +50,11 @@ void run_backward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, 
 void run_row_stats(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, const CallDims& d,
                    const void* qkv, RowStats* rs, cudaStream_t s);
 // Host merge of the per-row values (copied back) into per-head statistics, in a fixed order
-// (per (b, h), rows in order; then heads over b), as the CPU backend merges.
-std::vector<AttentionHeadStats> merge_row_stats(const CallDims& d, const int32_t* p_one,
-                                                const RowStats* rs);
+// (per (b, h), rows in order; then heads over b), as the CPU backend merges. p_tilde_one: the
+// forward kernel's P~ == 1 counts; lse: the forward's lse, from which each row's p_one (the
+// normalised P == 1, in format probs) is derived (see flash_plan.cu).
+std::vector<AttentionHeadStats> merge_row_stats(const CallDims& d, const int32_t* p_tilde_one,
+                                                const float* lse, const RowStats* rs,
+                                                DType probs);
 
 }  // namespace st::flash

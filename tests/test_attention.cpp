@@ -1165,17 +1165,24 @@ TEST(AttentionStats, ConstructedCountsThroughAttentionClass) {
   //     tied 3, in tile 0. flash = stabilized (no tile has two maxima): 1, 1, 1, 2, 2, 2 -> 9.
   //  b2 h1 x = 0: every row from t1 tied in tile 0: tied 5, in tile 5. r_m = 0 means no
   //     shift: every entry has P~ = 1 for both -> 1 + 2 + ... + 6 = 21.
-  // Baseline: P == 1 only where a row has one key (t0 of each batch) -> 3 per head; its one
-  // "tile" is the whole row, so every tied row is tied in tile.
-  // Totals, head 0: tied 4+2+3 = 9, in tile 4+2+0 = 6, P~==1 flash 30, stabilized 12.
-  //         head 1: tied 0+5+5 = 10, in tile 10, P~==1 flash 7+11+21 = 39, stabilized 29.
+  // Baseline: its one "tile" is the whole row, so every tied row is tied in tile; P~ == 1
+  // (exp(S - row max)) at each row's maxima: b0 h0 1,1,2,2,3,3 = 12; b1 h0 one per row
+  // (2^-11 and 2^-9 apart: exp(-2^-11) < 1 in FP32) = 6; b2 h0 1,1,1,2,2,2 = 9; b0 h1 6;
+  // b1 h1 1 + 2 * 5 = 11; b2 h1 21.
+  // p_one (normalised P == 1) only where a row has one key (t0 of each batch; every other
+  // row has a second key within 4 of its maximum, P <= 1 / (1 + e^-4) < 1 in FP32) -> 3 per
+  // head, the same for every backend.
+  // Totals, head 0: tied 4+2+3 = 9, in tile 4+2+0 = 6, P~==1 flash 30, stabilized 12,
+  //                 baseline 12+6+9 = 27.
+  //         head 1: tied 0+5+5 = 10, in tile 10, P~==1 flash 7+11+21 = 39, stabilized 29,
+  //                 baseline 6+11+21 = 38.
   const std::vector<std::vector<Vec>> x = {
       {{1, 3, 3, 0, 3, 2}, {0.5, -1, 2, 1.25, -3, 4}},
       {{2, 2 + 0x1p-11, -1, 2 + 0x1p-9, 0, 0}, {-1, -1, -3, -2, -5, -4}},
       {{1, 3, 0, 3, -1, 0}, {0, 0, 0, 0, 0, 0}}};
   const int B = 3, T = 6, NH = 2, C = 8;
   struct Want {
-    int64_t tied, in_tile, p_one;
+    int64_t tied, in_tile, p_one, p_tilde_one;
   };
   auto be = make_cpu_backend();
   for (DType dt : {DType::F64, DType::F32})
@@ -1190,9 +1197,9 @@ TEST(AttentionStats, ConstructedCountsThroughAttentionClass) {
       attn->forward(out, lse, qkv, NH, dt);  // compute format = storage format: FP64 / FP32
       const auto& st = attn->stats();
       ASSERT_EQ(st.size(), 2u);
-      const Want want[3][2] = {{{9, 9, 3}, {10, 10, 3}},     // baseline
-                               {{9, 6, 30}, {10, 10, 39}},   // flash
-                               {{9, 6, 12}, {10, 10, 29}}};  // stabilized flash
+      const Want want[3][2] = {{{9, 9, 3, 27}, {10, 10, 3, 38}},     // baseline
+                               {{9, 6, 3, 30}, {10, 10, 3, 39}},     // flash
+                               {{9, 6, 3, 12}, {10, 10, 3, 29}}};    // stabilized flash
       for (int h = 0; h < NH; ++h) {
         const Want& w = want[static_cast<int>(kind)][h];
         SCOPED_TRACE(std::string(attention_kind_name(kind)) + " " + dtype_name(dt) + " head " +
@@ -1202,6 +1209,7 @@ TEST(AttentionStats, ConstructedCountsThroughAttentionClass) {
         EXPECT_EQ(st[h].tied_rows, w.tied);
         EXPECT_EQ(st[h].tied_in_tile, w.in_tile);
         EXPECT_EQ(st[h].p_one, w.p_one);
+        EXPECT_EQ(st[h].p_tilde_one, w.p_tilde_one);
         // Entropy directly: H = -sum p log p of the exact softmax of each row's x[0..t].
         double H = 0;
         for (int b = 0; b < B; ++b)
@@ -1230,6 +1238,152 @@ TEST(AttentionStats, ConstructedCountsThroughAttentionClass) {
   Tensor out = Tensor::empty({B, T, C}, DType::F32), lse = Tensor::empty({B, NH, T}, DType::F32);
   attn->forward(out, lse, qkv, NH, DType::BF16);
   EXPECT_TRUE(attn->stats().empty());
+}
+
+namespace {
+
+// One head, T = 6, d = 4, scale 1/2: key s is 2 (x_s, y_s, z_s, w_s), query row t is e_t for
+// t < 4 and 0 for t = 4, 5, so row 0 scores x, row 1 y, row 2 z, row 3 w and rows 4, 5 are
+// all 0. Every value is exact in BF16 and FP16. V is a fixed pattern (not used by the counts).
+struct OnesCase {
+  Vec q, k, v;
+  static constexpr int T = 6, d = 4;
+};
+OnesCase ones_case() {
+  const double x[6] = {0, 12, 1, -2, 0.5, 3};       // dominant key 1, next 9 below
+  const double y[6] = {1, 5, -1, 5, 2, 0};          // two tied maxima (keys 1, 3)
+  const double z[6] = {0.5, 1, 0.25, 0.75, 1.5, 0.5};  // diffuse, unique maximum
+  const double w[6] = {1, 2, 0, 3, 1, 14};          // dominant key 5 (the last tile), 11 clear
+  OnesCase c;
+  c.q.assign(6 * 4, 0.0);
+  c.k.assign(6 * 4, 0.0);
+  c.v.assign(6 * 4, 0.0);
+  for (int t = 0; t < 4; ++t) c.q[t * 4 + t] = 1.0;
+  for (int s = 0; s < 6; ++s) {
+    c.k[s * 4 + 0] = 2 * x[s];
+    c.k[s * 4 + 1] = 2 * y[s];
+    c.k[s * 4 + 2] = 2 * z[s];
+    c.k[s * 4 + 3] = 2 * w[s];
+    for (int j = 0; j < 4; ++j) c.v[s * 4 + j] = 0.25 * ((s + j) % 5) - 0.5;
+  }
+  return c;
+}
+
+AttentionHeadStats head_stats(const AttentionConfig& cfg, DType f, int T, int d, const Vec& q,
+                              const Vec& k, const Vec& v) {
+  HeadForward fw;
+  head_forward(cfg, cfg.numerics(f, 0), T, d, q.data(), k.data(), v.data(), fw, true);
+  return fw.stats;
+}
+
+}  // namespace
+
+TEST(AttentionStats, POneIsTheNormalisedPForEveryBackend) {
+  // p_one counts the normalised P == 1, one definition for every backend (issue 21, finding
+  // 6). From the inputs (ones_case, non-causal): P of a row's maximum is 1 / (1 + sum_s
+  // e^{S_s - max}); it rounds to 1 in BF16 when >= 1 - 2^-9 (FP16: 1 - 2^-12):
+  //   row 0 (x): sum = e^-9 + e^-11 + e^-11.5 + e^-12 + e^-14 = 1.57e-4 -> P = 1 - 1.57e-4: 1
+  //   row 3 (w): sum = e^-11 + 2 e^-13 + e^-12 + e^-14 = 2.9e-5 -> 1
+  //   row 1 (y): two maxima, P <= 1/2; row 2 (z): P <= 1 / (1 + e^-0.5); rows 4, 5: 1/6
+  // so p_one = 2 in BF16 and FP16, for baseline (its P), flash and stabilized flash (P from
+  // lse as the backward recomputes it), whatever the key tiles; stabilized flash's shift of
+  // the tied tile (row 1 with tiles of 4: keys 1, 3 in tile 0) changes P~, not P. The old
+  // flash count (P~ per tile) was 2 + ... per row instead: p_tilde_one, checked larger here.
+  const OnesCase c = ones_case();
+  // The count straight from the exact softmax of the scores, rounded to BF16 / FP16.
+  const double S[6][6] = {{0, 12, 1, -2, 0.5, 3},   {1, 5, -1, 5, 2, 0},
+                          {0.5, 1, 0.25, 0.75, 1.5, 0.5}, {1, 2, 0, 3, 1, 14},
+                          {0, 0, 0, 0, 0, 0},        {0, 0, 0, 0, 0, 0}};
+  for (DType f : {DType::BF16, DType::F16}) {
+    int direct = 0;
+    for (const auto& row : S) {
+      double mx = -1e300, Z = 0;
+      for (double s : row) mx = std::max(mx, s);
+      for (double s : row) Z += std::exp(s - mx);
+      for (double s : row) direct += round_fmt(std::exp(s - mx) / Z, f) == 1.0;
+    }
+    ASSERT_EQ(direct, 2) << dtype_name(f);
+    for (AttentionKind kind : kKinds)
+      for (int bc : {0, 2, 3, 4}) {
+        AttentionConfig cfg = make_cfg(kind, RoundingRule::Gpu, bc, bc);
+        cfg.causal = false;
+        const AttentionHeadStats st = head_stats(cfg, f, c.T, c.d, c.q, c.k, c.v);
+        SCOPED_TRACE(std::string(attention_kind_name(kind)) + " " + dtype_name(f) + " tiles " +
+                     std::to_string(bc));
+        EXPECT_EQ(st.rows, 6);
+        EXPECT_EQ(st.p_one, 2);
+        // P~ == 1 at least at every row's maximum (rows 0, 2, 3: one; rows 4, 5: six each;
+        // row 1: two, unless stabilized flash shifts its tied tile).
+        if (kind != AttentionKind::StabilizedFlash) {
+          EXPECT_GE(st.p_tilde_one, 1 + 2 + 1 + 1 + 12);
+        }
+      }
+  }
+}
+
+TEST(AttentionStats, PTildeOneIsFlashWithOneKeyTile) {
+  // p_tilde_one counts the unnormalised exponentials equal to 1: flash per key tile against
+  // the running max; baseline exp(S - row max), which is flash with one key tile per row
+  // (block_k = 0): the same count on any input. Smaller tiles only add ones (each tile that
+  // raises the running max has P~ = 1 at its maximum).
+  // Hand-built, causal, T = 6, one head, BF16: row t scores x[0..t], x = (1, 2, 3, 4, 5, 6)
+  // rising (q = e0, k_s = 2 x_s e0, scale 1/2). One tile: P~ == 1 only at each row's
+  // maximum -> 6. Tiles of 2: every tile raises the running max -> tiles per row
+  // 1, 1, 2, 2, 3, 3 -> 12. (The old e^-1 = 0.37 is not 1 in BF16.)
+  {
+    const int T = 6, d = 4;
+    Vec q(T * d, 0.0), k(T * d, 0.0), v(T * d, 0.0);
+    for (int t = 0; t < T; ++t) {
+      q[t * d] = 1.0;
+      k[t * d] = 2.0 * (t + 1);
+      v[t * d + 1] = 0.5 * t;
+    }
+    const auto base = head_stats(make_cfg(AttentionKind::Baseline, RoundingRule::Gpu), DType::BF16,
+                                 T, d, q, k, v);
+    const auto one = head_stats(make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0),
+                                DType::BF16, T, d, q, k, v);
+    const auto small = head_stats(make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 2, 2),
+                                  DType::BF16, T, d, q, k, v);
+    EXPECT_EQ(base.p_tilde_one, 6);
+    EXPECT_EQ(one.p_tilde_one, 6);
+    EXPECT_EQ(small.p_tilde_one, 12);
+    // Normalised P: row 0 only (one key); row t >= 1 has P(max) <= 1 / (1 + e^-1).
+    EXPECT_EQ(base.p_one, 1);
+    EXPECT_EQ(one.p_one, 1);
+    EXPECT_EQ(small.p_one, 1);
+  }
+  // Random causal inputs (T = 48, d = 8, BF16 / FP16 / FP32, query scaled so that some rows
+  // are dominated by one key): baseline == flash with one tile for p_tilde_one (and p_one),
+  // flash with tiles of 4 strictly more. attention.scores is the compute format for both
+  // (the gpu rule's flash default is FP32 scores, baseline's the compute format), so both
+  // exponentiate the same S.
+  for (DType f : {DType::BF16, DType::F16, DType::F32}) {
+    const int T = 48, d = 8;
+    Rng rng(21);
+    Vec q(T * d), k(T * d), v(T * d);
+    for (double& a : q) a = round_fmt(3.0 * rng.normal(), DType::BF16);
+    for (double& a : k) a = round_fmt(rng.normal(), DType::BF16);
+    for (double& a : v) a = round_fmt(rng.normal(), DType::BF16);
+    auto cfg = [&](AttentionKind kind, int bc) {
+      AttentionConfig c = make_cfg(kind, RoundingRule::Gpu, bc, bc);
+      c.scores = f;
+      return c;
+    };
+    const auto base = head_stats(cfg(AttentionKind::Baseline, 0), f, T, d, q, k, v);
+    const auto one = head_stats(cfg(AttentionKind::Flash, 0), f, T, d, q, k, v);
+    const auto small = head_stats(cfg(AttentionKind::Flash, 4), f, T, d, q, k, v);
+    SCOPED_TRACE(dtype_name(f));
+    std::printf("  %s: p_tilde_one baseline %lld, flash one tile %lld, tiles of 4 %lld; p_one "
+                "%lld / %lld / %lld\n",
+                dtype_name(f), (long long)base.p_tilde_one, (long long)one.p_tilde_one,
+                (long long)small.p_tilde_one, (long long)base.p_one, (long long)one.p_one,
+                (long long)small.p_one);
+    EXPECT_GE(base.p_tilde_one, T);  // at least each row's maximum
+    EXPECT_EQ(one.p_tilde_one, base.p_tilde_one);
+    EXPECT_GT(small.p_tilde_one, base.p_tilde_one);
+    EXPECT_EQ(one.p_one, base.p_one);
+    EXPECT_EQ(small.p_one, base.p_one);
+  }
 }
 
 // ---------------------------------------------------------------------------------------

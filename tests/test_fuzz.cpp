@@ -595,7 +595,7 @@ std::map<std::string, std::vector<std::pair<std::string, Bundle>>> make_corpus(c
         for (const char* mat : {"wq", "wk", "wv", "wo"})
           spec += std::to_string(step) + ",0," + std::to_string(h) + "," + mat + "," +
                   std::to_string(1.0 + 0.1 * step + h) + ",12,1\n";
-        for (const char* st : {"max_logit", "tied_row_frac", "p_one", "entropy"})
+        for (const char* st : {"max_logit", "tied_row_frac", "p_one", "p_tilde_one", "entropy"})
           attn += std::to_string(step) + ",0," + std::to_string(h) + "," + st + "," +
                   std::to_string(0.5 * step + h) + "\n";
         drift += std::to_string(step) + ",0," + std::to_string(h) +

@@ -346,6 +346,7 @@ TEST_F(GpuAttention, RowCachedAndUncachedSoftmaxGiveTheSameBits) {
         EXPECT_EQ(cached.stats[h].max_logit, uncached.stats[h].max_logit);
         EXPECT_EQ(cached.stats[h].tied_rows, uncached.stats[h].tied_rows);
         EXPECT_EQ(cached.stats[h].p_one, uncached.stats[h].p_one);
+        EXPECT_EQ(cached.stats[h].p_tilde_one, uncached.stats[h].p_tilde_one);
         EXPECT_EQ(cached.stats[h].entropy_sum, uncached.stats[h].entropy_sum);
       }
     }
@@ -407,15 +408,18 @@ void expect_same_stats(const std::vector<AttentionHeadStats>& g,
     EXPECT_EQ(g[h].tied_rows, c[h].tied_rows);
     EXPECT_EQ(g[h].tied_in_tile, c[h].tied_in_tile);
     EXPECT_EQ(g[h].p_one, c[h].p_one);
+    EXPECT_EQ(g[h].p_tilde_one, c[h].p_tilde_one);
     EXPECT_EQ(g[h].max_logit, c[h].max_logit);
     // Both in FP64 from the same scores; only the order of the sums differs.
     EXPECT_NEAR(g[h].entropy_sum, c[h].entropy_sum, 1e-10 * std::max(1.0, c[h].entropy_sum));
-    std::printf("stats %s head %zu: GPU rows %lld tied %lld (in tile %lld) p_one %lld max_logit "
-                "%g entropy_sum %.12f; CPU tied %lld p_one %lld entropy_sum %.12f\n",
+    std::printf("stats %s head %zu: GPU rows %lld tied %lld (in tile %lld) p_one %lld "
+                "p_tilde_one %lld max_logit %g entropy_sum %.12f; CPU tied %lld p_one %lld "
+                "p_tilde_one %lld entropy_sum %.12f\n",
                 what.c_str(), h, static_cast<long long>(g[h].rows),
                 static_cast<long long>(g[h].tied_rows), static_cast<long long>(g[h].tied_in_tile),
-                static_cast<long long>(g[h].p_one), g[h].max_logit, g[h].entropy_sum,
-                static_cast<long long>(c[h].tied_rows), static_cast<long long>(c[h].p_one),
+                static_cast<long long>(g[h].p_one), static_cast<long long>(g[h].p_tilde_one),
+                g[h].max_logit, g[h].entropy_sum, static_cast<long long>(c[h].tied_rows),
+                static_cast<long long>(c[h].p_one), static_cast<long long>(c[h].p_tilde_one),
                 c[h].entropy_sum);
   }
 }
@@ -427,6 +431,9 @@ TEST_F(GpuAttention, StatsEqualCpuOnConstructedScores) {
   //     P = 1 in bf16/fp16, not in fp32); keys 1 and 4 tie from t = 4 (P = 0.5 each).
   //  b1 h1 negative ties; b2 h0 ties across the row; b2 h1 all zero: every row from t = 1
   //  tied, uniform P (P = 1 only at t = 0).
+  // p_tilde_one (round(exp(S - row max)) == 1: each row's maxima, every other score >= 0.5
+  // below, in every format): head 0 b0 1,1,2,2,3,3 + b1 1,1,1,1,2,2 + b2 1,1,1,2,2,2 = 29;
+  // head 1 b0 6 + b1 1 + 2 * 5 + b2 1 + 2 + ... + 6 = 38.
   const std::vector<std::vector<Vals>> x = {{{1, 3, 3, 0, 3, 2}, {0.5, -1, 2, 1.25, -3, 4}},
                                             {{0, 12, -12, 1, 12, -3}, {-1, -1, -3, -2, -5, -4}},
                                             {{1, 3, 0, 3, -1, 0}, {0, 0, 0, 0, 0, 0}}};
@@ -444,9 +451,11 @@ TEST_F(GpuAttention, StatsEqualCpuOnConstructedScores) {
     EXPECT_GT(c.stats[1].tied_rows, 0);
     EXPECT_EQ(c.stats[0].max_logit, 12.0);
     EXPECT_EQ(c.stats[0].p_one, f == DType::F32 ? 3 : 6);  // t = 0 rows; b1 h0 t = 1..3
+    EXPECT_EQ(c.stats[0].p_tilde_one, 29);
+    EXPECT_EQ(c.stats[1].p_tilde_one, 38);
   }
   // tests/test_attention.cpp's own construction in fp32 (2 + 2^-11 ties within tie_tol), with
-  // its hand counts for baseline: tied 9 / 10, p_one 3 per head.
+  // its hand counts for baseline: tied 9 / 10, p_one 3 per head, p_tilde_one 27 / 38.
   const std::vector<std::vector<Vals>> y = {{{1, 3, 3, 0, 3, 2}, {0.5, -1, 2, 1.25, -3, 4}},
                                             {{2, 2 + 0x1p-11, -1, 2 + 0x1p-9, 0, 0},
                                              {-1, -1, -3, -2, -5, -4}},
@@ -464,6 +473,8 @@ TEST_F(GpuAttention, StatsEqualCpuOnConstructedScores) {
   EXPECT_EQ(g.stats[1].tied_rows, 10);
   EXPECT_EQ(g.stats[0].p_one, 3);
   EXPECT_EQ(g.stats[1].p_one, 3);
+  EXPECT_EQ(g.stats[0].p_tilde_one, 27);
+  EXPECT_EQ(g.stats[1].p_tilde_one, 38);
   EXPECT_EQ(g.stats[0].max_logit, 3.0);
   EXPECT_EQ(g.stats[1].max_logit, 4.0);
 }
@@ -494,6 +505,7 @@ TEST_F(GpuAttention, StatsCloseToCpuOnRandomScoresAndOffUnlessAsked) {
       EXPECT_LE(std::fabs(static_cast<double>(gs.tied_rows - cs.tied_rows)), slack);
       EXPECT_EQ(gs.tied_in_tile, gs.tied_rows);
       EXPECT_LE(std::fabs(static_cast<double>(gs.p_one - cs.p_one)), slack);
+      EXPECT_LE(std::fabs(static_cast<double>(gs.p_tilde_one - cs.p_tilde_one)), slack);
       std::printf("stats random %s head %d: GPU max_logit %.6g tied %lld p_one %lld mean entropy "
                   "%.6f; CPU %.6g %lld %lld %.6f\n",
                   dtype_name(f), h, gs.max_logit, static_cast<long long>(gs.tied_rows),

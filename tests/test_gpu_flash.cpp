@@ -576,8 +576,10 @@ Inputs stats_inputs(int B, int NH, int T, uint64_t seed) {
 }
 
 TEST_F(GpuFlash, StatsMatchCpu) {
-  // stats() per head: rows, tied_rows, tied_in_tile, p_one and max_logit equal to the CPU's
-  // (the scores are exact here, and the GPU's row-statistics kernel forms S as the CPU does);
+  // stats() per head: rows, tied_rows, tied_in_tile, p_one, p_tilde_one and max_logit equal
+  // to the CPU's (the scores are exact here, and the GPU's row-statistics kernel forms S as
+  // the CPU does; p_tilde_one is the forward kernel's P~ == 1, p_one the host's test of
+  // exp(max_logit - lse) against the CPU's per-entry count of P from lse);
   // the entropy to 1e-9 relative (FP64, different order). Random inputs too: counts equal
   // (no score sits within FP32 rounding of a tie threshold there), max_logit to 1e-6.
   struct Run {
@@ -599,15 +601,18 @@ TEST_F(GpuFlash, StatsMatchCpu) {
         for (size_t h = 0; h < g.stats.size(); ++h) {
           const AttentionHeadStats &a = g.stats[h], &b = c.stats[h];
           std::printf("parity flash stats %s %s %s head %zu: rows %lld/%lld tied %lld/%lld in_tile %lld/%lld "
-                      "p_one %lld/%lld max_logit %.9g/%.9g entropy %.12g/%.12g (gpu/cpu)\n",
+                      "p_one %lld/%lld p_tilde_one %lld/%lld max_logit %.9g/%.9g entropy %.12g/%.12g "
+                      "(gpu/cpu)\n",
                       run.exact ? "exact" : "random", kind_str(kind), causal ? "causal" : "noncausal", h,
                       (long long)a.rows, (long long)b.rows, (long long)a.tied_rows, (long long)b.tied_rows,
                       (long long)a.tied_in_tile, (long long)b.tied_in_tile, (long long)a.p_one,
-                      (long long)b.p_one, a.max_logit, b.max_logit, a.mean_entropy(), b.mean_entropy());
+                      (long long)b.p_one, (long long)a.p_tilde_one, (long long)b.p_tilde_one, a.max_logit,
+                      b.max_logit, a.mean_entropy(), b.mean_entropy());
           EXPECT_EQ(a.rows, b.rows);
           EXPECT_EQ(a.tied_rows, b.tied_rows);
           EXPECT_EQ(a.tied_in_tile, b.tied_in_tile);
           EXPECT_EQ(a.p_one, b.p_one);
+          EXPECT_EQ(a.p_tilde_one, b.p_tilde_one);
           if (run.exact) {
             EXPECT_EQ(a.max_logit, b.max_logit);
             EXPECT_GT(b.tied_in_tile, 0) << "the construction should tie inside tiles";

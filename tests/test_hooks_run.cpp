@@ -129,11 +129,16 @@ TEST(HooksRun, FilesAreCompleteAndConsistent) {
   for (const auto& [step, s2] : ss)
     EXPECT_NEAR(std::sqrt(s2), metric_gnorm.at(step), 1e-9 * metric_gnorm.at(step)) << step;
 
-  // attn_stats.csv: 5 statistics per layer and head per hook step, sane ranges.
+  // attn_stats.csv: 6 statistics per layer and head per hook step, sane ranges.
   const auto st = read_csv(d / "attn_stats.csv");
-  EXPECT_EQ(st.size(), hook_steps.size() * 2 * 2 * 5);
+  EXPECT_EQ(st.size(), hook_steps.size() * 2 * 2 * 6);
+  // A normalised P of 1 is the row's unique maximum, whose P~ is exp(0) = 1 in the tile that
+  // set the running max: p_tilde_one >= p_one for each (step, layer, head).
+  std::map<std::string, std::map<std::string, double>> ones;
   for (const auto& r : st) {
     const double v = std::stod(r.at("value"));
+    if (r.at("stat") == "p_one" || r.at("stat") == "p_tilde_one")
+      ones[r.at("step") + "." + r.at("layer") + "." + r.at("head")][r.at("stat")] = v;
     if (r.at("stat") == "tied_row_frac" || r.at("stat") == "tied_in_tile_frac") {
       EXPECT_GE(v, 0);
       EXPECT_LE(v, 1);
@@ -142,6 +147,11 @@ TEST(HooksRun, FilesAreCompleteAndConsistent) {
       EXPECT_GT(v, 0);
       EXPECT_LE(v, std::log(32.0) + 1e-9);  // at most log(keys)
     }
+  }
+  EXPECT_EQ(ones.size(), hook_steps.size() * 2 * 2);
+  for (const auto& [key, o] : ones) {
+    ASSERT_EQ(o.size(), 2u) << key;
+    EXPECT_GE(o.at("p_tilde_one"), o.at("p_one")) << key;
   }
 
   // delta_drift.csv: one row per layer and head per hook step; the running sum is the sum

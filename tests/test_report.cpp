@@ -114,7 +114,8 @@ void write_hook_files(const fs::path& dir, bool truncated_tail) {
           f << s << "," << l << "," << h << ",max_logit," << num(4 + 2 * l + h + s * (l == 1 && h == 1 ? 1 : 0.1)) << "\n"
             << s << "," << l << "," << h << ",tied_row_frac," << num(0.01 * l * s / 20) << "\n"
             << s << "," << l << "," << h << ",tied_in_tile_frac," << num(0.005 * l * s / 20) << "\n"
-            << s << "," << l << "," << h << ",p_one," << 64 + l * s << "\n"
+            << s << "," << l << "," << h << ",p_one," << 4 + l * s / 5 << "\n"
+            << s << "," << l << "," << h << ",p_tilde_one," << 64 + l * s << "\n"
             << s << "," << l << "," << h << ",entropy," << num(3 - 0.05 * s * (l + 1) - 0.1 * h) << "\n";
         }
     }
@@ -331,8 +332,8 @@ bool draws(const std::string& svg) {
 }
 
 // 3 loss charts; run A: 2 W_Q panels, 4 + 4 heatmaps, 4 per-layer + 1 embedding panel,
-// 5 attention panels, 2 drift panels + 2 heatmaps + 2 charts; A vs B: 2 distance charts.
-constexpr size_t kChartsAB = 3 + (2 + 8 + 5) + 5 + (2 + 2 + 2) + 2;
+// 6 attention panels, 2 drift panels + 2 heatmaps + 2 charts; A vs B: 2 distance charts.
+constexpr size_t kChartsAB = 3 + (2 + 8 + 5) + 6 + (2 + 2 + 2) + 2;
 
 fs::path html_ab() {
   static const fs::path out = [] {
@@ -588,7 +589,7 @@ TEST(RealHooks, ReportOnARunWithHooksEvery5) {
     EXPECT_EQ(html.find(f), std::string::npos) << f;
   const auto svgs = charts(html);
   // Both runs have every hook file: twice the per-run charts of run A, plus loss and distance.
-  EXPECT_EQ(svgs.size(), kChartsAB + (2 + 8 + 5) + 5 + (2 + 2 + 2));
+  EXPECT_EQ(svgs.size(), kChartsAB + (2 + 8 + 5) + 6 + (2 + 2 + 2));
   for (size_t i = 0; i < svgs.size(); ++i) EXPECT_TRUE(draws(svgs[i])) << "chart " << i;
 }
 

@@ -199,6 +199,7 @@ struct StabilityHooks::Impl {
             {"tied_row_frac", static_cast<double>(s.tied_rows) / rows},
             {"tied_in_tile_frac", static_cast<double>(s.tied_in_tile) / rows},
             {"p_one", static_cast<double>(s.p_one)},
+            {"p_tilde_one", static_cast<double>(s.p_tilde_one)},
             {"entropy", s.mean_entropy()}};
         for (const auto& [name, v] : vals)
           f << step << ',' << l << ',' << h << ',' << name << ',' << num(v) << "\n";

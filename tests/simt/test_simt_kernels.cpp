@@ -499,6 +499,58 @@ TEST_P(SimtKernels, SoftmaxRowsAndHeadPermutes) {
         }
 }
 
+TEST_P(SimtKernels, SoftmaxStatsPOneAndPTildeOne) {
+  // The baseline softmax's statistics on hand-built rows (not causal, T = 6, one per row):
+  // p_one counts the normalised P == 1 in f, p_tilde_one round_f(exp(S - row max)) == 1 (what
+  // flash with one key tile per row counts as P~ == 1). From the scores:
+  //   row 0 (0, 12, 1, -2, 0.5, 3): P(12) = 1 / (1 + 1.57e-4) -> 1 in bf16 (>= 1 - 2^-9) and
+  //         fp16 (>= 1 - 2^-12), not fp32; P~: 1
+  //   row 1 (1, 5, -1, 5, 2, 0): two maxima, P ~ 0.49: p_one 0; P~: 2
+  //   row 2 (0.5, 1, 0.25, 0.75, 1.5, 0.5): diffuse: 0; P~: 1
+  //   row 3 (1, 2, 0, 3, 1, 14): P(14) = 1 - 2.9e-5 -> 1 in bf16 and fp16; P~: 1
+  //   row 4 all 0: P = 1/6: 0; P~: 6
+  //   row 5 (0, -2^-10, -4, -4, -4, -4): P ~ 0.48: 0; P~: exp(-2^-10) = 1 - 9.8e-4 rounds to
+  //         1 in bf16 only -> 2 (bf16), 1 (fp16, fp32)
+  // Both row-cache variants.
+  const DType f = GetParam();
+  const int T = 6, ld = 8, rows = 6;
+  const float S[rows][T] = {{0, 12, 1, -2, 0.5f, 3},        {1, 5, -1, 5, 2, 0},
+                            {0.5f, 1, 0.25f, 0.75f, 1.5f, 0.5f}, {1, 2, 0, 3, 1, 14},
+                            {0, 0, 0, 0, 0, 0},              {0, -0x1p-10f, -4, -4, -4, -4}};
+  std::vector<float> sv(static_cast<size_t>(rows) * ld, 0.0f);
+  for (int r = 0; r < rows; ++r)
+    for (int s = 0; s < T; ++s) sv[static_cast<size_t>(r) * ld + s] = S[r][s];
+  const int want_one[rows] = {f == DType::F32 ? 0 : 1, 0, 0, f == DType::F32 ? 0 : 1, 0, 0};
+  const int want_tilde[rows] = {1, 2, 1, 1, 6, f == DType::BF16 ? 2 : 1};
+  for (bool cache : {true, false}) {
+    SCOPED_TRACE(cache ? "row cache" : "no row cache");
+    if (!cache) setenv("STABLETRAIN_ATTN_NO_ROW_CACHE", "1", 1);
+    auto got = two_schedules([&] {
+      Buf sp = dev(sv, f), l(DType::F32, rows), ent(DType::F64, rows), mx(DType::F32, rows);
+      Buf tied(DType::I32, rows), one(DType::I32, rows), tilde(DType::I32, rows);
+      cudak::SoftmaxRowStats st;
+      st.entropy = static_cast<double*>(ent.p());
+      st.max_logit = mx.f();
+      st.tied = static_cast<int*>(tied.p());
+      st.p_one = static_cast<int*>(one.p());
+      st.p_tilde_one = static_cast<int*>(tilde.p());
+      cudak::softmax_forward(sp.p(), l.f(), rows, T, ld, false, st, 1e-3, f, nullptr);
+      return std::vector<Buf>{one, tilde, tied};
+    });
+    unsetenv("STABLETRAIN_ATTN_NO_ROW_CACHE");
+    ASSERT_EQ(got.size(), 3u);
+    for (int r = 0; r < rows; ++r) {
+      int one, tilde, tied;
+      std::memcpy(&one, static_cast<const char*>(got[0].p()) + 4 * r, 4);
+      std::memcpy(&tilde, static_cast<const char*>(got[1].p()) + 4 * r, 4);
+      std::memcpy(&tied, static_cast<const char*>(got[2].p()) + 4 * r, 4);
+      EXPECT_EQ(one, want_one[r]) << "row " << r;
+      EXPECT_EQ(tilde, want_tilde[r]) << "row " << r;
+      EXPECT_EQ(tied, r == 1 || r == 4 || r == 5 ? 1 : 0) << "row " << r;  // within 1e-3
+    }
+  }
+}
+
 // Found by review, reproduced by the emulator: the row-cache decision compared only the
 // dynamic bytes with 48 KB, but the kernels also hold static shared memory (512 bytes
 // forward, 128 backward), so rows of T in 12161..12288 (forward) and, in FP32, 6129..6144

@@ -577,13 +577,19 @@ std::string attention_section(const std::vector<RunData>& runs) {
   const StatInfo stats[] = {{"max_logit", "max logit", "largest scaled score", Agg::kMax},
                             {"tied_row_frac", "tied rows", "fraction of rows", Agg::kMax},
                             {"tied_in_tile_frac", "tied in a tile", "fraction of rows", Agg::kMax},
-                            {"p_one", "P = 1 count", "exp numerators = 1", Agg::kMax},
+                            {"p_one", "P = 1 entries (normalised P, all backends)", "entries", Agg::kMax},
+                            {"p_tilde_one", "P~ = 1 entries (unnormalised exp numerators)", "entries",
+                             Agg::kMax},
                             {"entropy", "entropy", "nats per row", Agg::kMin}};
   o << "<p class=\"caption\">Attention statistics over the hook steps (<code>attn_stats.csv</code>, the hook step's "
        "last micro-batch), a line per layer. Each line is the most extreme head of its layer: the <b>maximum over "
        "heads</b> for the max logit, the tied-row fractions (maximum tied within <code>attention.tie_tol</code>; "
-       "two tied maxima in one key tile) and the count of exp numerators equal to 1, and the <b>minimum over "
-       "heads</b> for the entropy (a collapsing head). The y axes are shared across runs.</p>\n";
+       "two tied maxima in one key tile) and the two counts of entries equal to 1, and the <b>minimum over "
+       "heads</b> for the entropy (a collapsing head). <b>P = 1</b> counts the normalised P, the same definition "
+       "for every backend (flash: P as its backward recomputes it from lse), so backends compare on one axis; "
+       "<b>P~ = 1</b> counts the unnormalised exponentials exp(S − m): flash per key tile against the running "
+       "max (at least one per tile that raises it), baseline against the row max (one tile per row), so it "
+       "grows with the number of key tiles. The y axes are shared across runs.</p>\n";
   // Shared y ranges per stat.
   std::map<std::string, Range> ranges;
   for (const auto& r : runs)
@@ -607,7 +613,7 @@ std::string attention_section(const std::vector<RunData>& runs) {
       LineChart ch;
       ch.title = st.title;
       ch.subtitle = std::string(agg_name(st.agg)) + " over heads";
-      ch.width = panel_width(5);
+      ch.width = panel_width(3);  // six panels: two rows of three
       ch.height = 210;
       ch.legend = false;
       ch.x.label = "step";
@@ -629,7 +635,8 @@ std::string attention_section(const std::vector<RunData>& runs) {
       panels.push_back(ch.render());
     }
     if (panels.empty()) {
-      o << note("attn_stats.csv has none of the stats max_logit, tied_row_frac, tied_in_tile_frac, p_one, entropy");
+      o << note("attn_stats.csv has none of the stats max_logit, tied_row_frac, tied_in_tile_frac, p_one, "
+                "p_tilde_one, entropy");
       continue;
     }
     o << html_legend(layer_legend(std::vector<int>(layer_set.begin(), layer_set.end()), L)) << fig_grid(panels);
