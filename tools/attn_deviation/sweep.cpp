@@ -179,9 +179,11 @@ DeviationSpec make_spec(const Plan& p, const Group& g, const Settings& point,
   return s;
 }
 
-// Ratio of mean a to mean b over paired heads, with the delta-method standard error.
+// Ratio of mean a to mean b over paired heads, with the delta-method standard error; NaN
+// when b's mean is 0 (e.g. baseline in FP64 is the golden itself).
 MeanSe paired_ratio(const std::vector<double>& a, const std::vector<double>& b) {
   MeanSe r;
+  r.mean = r.se = std::nan("");
   const int n = static_cast<int>(std::min(a.size(), b.size()));
   r.n = n;
   if (n == 0) return r;
@@ -190,6 +192,7 @@ MeanSe paired_ratio(const std::vector<double>& a, const std::vector<double>& b) 
   ma /= n, mb /= n;
   if (mb == 0) return r;
   r.mean = ma / mb;
+  r.se = 0;
   if (n < 2) return r;
   double va = 0, vb = 0, cab = 0;
   for (int i = 0; i < n; ++i) {
@@ -204,6 +207,7 @@ MeanSe paired_ratio(const std::vector<double>& a, const std::vector<double>& b) 
 }
 
 std::string ratio_text(const MeanSe& r) {
+  if (!std::isfinite(r.mean)) return "- (baseline error 0)";
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.3f ± %.1g", r.mean, r.se);
   return buf;
@@ -331,14 +335,22 @@ int sweep_cmd(const std::string& plan_file, int threads, const std::string& csv,
       std::printf("%s %d | %s | %s | %s | %s | %s | %s |\n", line.c_str(), a.spec.heads,
                   pm(sa.mean_o32).c_str(), pm(sb.mean_o32).c_str(), ratio_text(r32).c_str(),
                   pm(sa.mean_o).c_str(), pm(sb.mean_o).c_str(), ratio_text(ro).c_str());
+      // An undefined ratio is an empty field (pandas reads NaN).
+      auto field = [](double x, const char* fmt) {
+        if (!std::isfinite(x)) return std::string();
+        char b[48];
+        std::snprintf(b, sizeof b, fmt, x);
+        return std::string(b);
+      };
       char buf[512];
-      std::snprintf(buf, sizeof buf,
-                    "%s,%s,%s,%s,%d,%.6e,%.3e,%.6e,%.3e,%.6g,%.3g,%.6e,%.3e,%.6e,%.3e,%.6g,%.3g\n",
-                    g.name.c_str(), text(g.num).c_str(), text(g.den).c_str(),
-                    text(r.point).c_str(), a.spec.heads, sa.mean_o32.mean, sa.mean_o32.se,
-                    sb.mean_o32.mean, sb.mean_o32.se, r32.mean, r32.se, sa.mean_o.mean,
-                    sa.mean_o.se, sb.mean_o.mean, sb.mean_o.se, ro.mean, ro.se);
-      ratio_csv += buf;
+      std::snprintf(buf, sizeof buf, "%s,%s,%s,%s,%d,%.6e,%.3e,%.6e,%.3e,", g.name.c_str(),
+                    text(g.num).c_str(), text(g.den).c_str(), text(r.point).c_str(),
+                    a.spec.heads, sa.mean_o32.mean, sa.mean_o32.se, sb.mean_o32.mean,
+                    sb.mean_o32.se);
+      ratio_csv += buf + field(r32.mean, "%.6g") + "," + field(r32.se, "%.3g");
+      std::snprintf(buf, sizeof buf, ",%.6e,%.3e,%.6e,%.3e,", sa.mean_o.mean, sa.mean_o.se,
+                    sb.mean_o.mean, sb.mean_o.se);
+      ratio_csv += buf + field(ro.mean, "%.6g") + "," + field(ro.se, "%.3g") + "\n";
     }
   }
   if (!csv.empty()) {
