@@ -142,17 +142,16 @@ MeanSe mean_se(const std::vector<double>& x) {
 }
 
 void validate(const DeviationSpec& s) {
-  ST_CHECK(s.T >= 1 && s.T <= 65536, "T = ", s.T, ": expected 1..65536");
-  ST_CHECK(s.d >= 1 && s.d <= 1024, "d = ", s.d, ": expected 1..1024");
-  ST_CHECK(s.heads >= 1, "heads = ", s.heads, ": expected at least 1");
-  ST_CHECK(s.attn.block_q >= 0 && s.attn.block_k >= 0, "block_q = ", s.attn.block_q,
-           ", block_k = ", s.attn.block_k, ": expected >= 0 (0: one tile spanning the row)");
-  ST_CHECK(s.ties >= 0 && s.ties <= s.T, "ties = ", s.ties, ": expected 0..T");
-  ST_CHECK(s.tie_gap >= 0, "tie_gap = ", s.tie_gap, ": expected >= 0");
-  ST_CHECK(s.compute == DType::BF16 || s.compute == DType::F16 || s.compute == DType::F32 ||
-               s.compute == DType::F64,
-           "compute = ", dtype_name(s.compute), ": expected bf16, fp16, fp32 or fp64");
-  ST_CHECK(s.attn.beta >= 1, "beta = ", s.attn.beta, ": expected >= 1");
+  // Setting names as the run flags and plan keys spell them.
+  if (s.T < 1 || s.T > 65536) fail("T = ", s.T, ": expected 1..65536");
+  if (s.d < 1 || s.d > 1024) fail("d = ", s.d, ": expected 1..1024");
+  if (s.heads < 1) fail("heads = ", s.heads, ": expected at least 1");
+  if (s.attn.block_q < 0 || s.attn.block_k < 0)
+    fail("block_q = ", s.attn.block_q, ", block_k = ", s.attn.block_k,
+         ": expected >= 0 (0: one tile spanning the row)");
+  if (s.ties < 0 || s.ties > s.T) fail("ties = ", s.ties, ": expected 0..T (T = ", s.T, ")");
+  if (s.tie_gap < 0) fail("tie_gap = ", s.tie_gap, ": expected >= 0");
+  if (s.attn.beta < 1) fail("beta = ", s.attn.beta, ": expected >= 1");
 }
 
 double estimate_seconds(const DeviationSpec& s) {

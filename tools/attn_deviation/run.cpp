@@ -32,8 +32,12 @@ void print_summary(const DeviationSpec& s, const Summary& m, int heads) {
 int run_cmd(const std::vector<std::pair<std::string, std::string>>& settings, int threads,
             const std::string& csv, bool plan_only, const std::string& cmdline) {
   DeviationSpec s;
-  for (const auto& [k, v] : settings) set_spec_field(s, k, v, "attn_deviation run --" + k);
-  validate(s);
+  for (const auto& [k, v] : settings) set_spec_field(s, k, v, "attn_deviation run");
+  try {
+    validate(s);
+  } catch (const Error& e) {
+    fail("attn_deviation run: ", e.what());
+  }
   const double est = estimate_seconds(s);
   std::fprintf(stderr, "attn_deviation run: %d heads, T %d, d %d; estimated %s of CPU time\n",
                s.heads, s.T, s.d, duration(est).c_str());

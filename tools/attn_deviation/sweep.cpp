@@ -175,7 +175,11 @@ DeviationSpec make_spec(const Plan& p, const Group& g, const Settings& point,
     if (it == g.heads_by_T.end()) fail(where, ": heads has no entry for T = ", s.T);
     s.heads = it->second;
   }
-  validate(s);
+  try {
+    validate(s);
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
   return s;
 }
 
