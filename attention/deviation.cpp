@@ -255,14 +255,6 @@ bool to_bool(const std::string& key, const std::string& v, const std::string& wh
   fail("'", v, "' is not a boolean (true or false)");
 }
 
-std::optional<DType> to_format(const std::string& key, const std::string& v,
-                               const std::string& where) {
-  if (v == "auto") return std::nullopt;
-  for (DType f : {DType::BF16, DType::F16, DType::F32, DType::F64})
-    if (v == dtype_name(f)) return f;
-  fail("'", v, "' is not a format (auto, bf16, fp16, fp32 or fp64)");
-}
-
 }  // namespace
 
 const std::vector<SpecKey>& deviation_spec_keys() {
@@ -321,19 +313,18 @@ void set_spec_field(DeviationSpec& s, const std::string& key, const std::string&
     else if (key == "max_shift") a.max_shift = to_double(key, v, w);
     else if (key == "tie_shift") a.tie_shift = parse_tie_shift(v);
     else if (key == "compute") {
-      const auto f = to_format(key, v, w);
-      if (!f) fail("'auto' is not a compute format (bf16, fp16, fp32 or fp64)");
-      s.compute = *f;
+      if (v == "auto") fail("'auto' is not a compute format (bf16, fp16, fp32 or fp64)");
+      s.compute = parse_dtype(v);
     } else if (key == "rule") a.rule = parse_rounding_rule(v);
-    else if (key == "qkv") a.qkv = to_format(key, v, w);
-    else if (key == "scores") a.scores = to_format(key, v, w);
-    else if (key == "probs") a.probs = to_format(key, v, w);
-    else if (key == "accum") a.accum = to_format(key, v, w);
-    else if (key == "lsum") a.lsum = to_format(key, v, w);
-    else if (key == "lsum_mac") a.lsum_mac = to_format(key, v, w);
-    else if (key == "out") a.out = to_format(key, v, w);
-    else if (key == "mac") a.mac = to_format(key, v, w);
-    else if (key == "grads") a.grads = to_format(key, v, w);
+    else if (key == "qkv") a.qkv = parse_point_format(v);
+    else if (key == "scores") a.scores = parse_point_format(v);
+    else if (key == "probs") a.probs = parse_point_format(v);
+    else if (key == "accum") a.accum = parse_point_format(v);
+    else if (key == "lsum") a.lsum = parse_point_format(v);
+    else if (key == "lsum_mac") a.lsum_mac = parse_point_format(v);
+    else if (key == "out") a.out = parse_point_format(v);
+    else if (key == "mac") a.mac = parse_point_format(v);
+    else if (key == "grads") a.grads = parse_point_format(v);
     else if (key == "delta") a.delta = parse_delta_mode(v);
     else if (key == "causal") a.causal = to_bool(key, v, w);
     else if (key == "T") s.T = to_int(key, v, w);

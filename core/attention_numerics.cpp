@@ -44,6 +44,11 @@ const char* delta_mode_name(DeltaMode d) {
   return "?";
 }
 
+std::optional<DType> parse_point_format(const std::string& s) {
+  if (s == "auto") return std::nullopt;
+  return parse_dtype(s);
+}
+
 std::string AttnNumerics::describe() const {
   std::ostringstream os;
   os << "qkv=" << dtype_name(qkv) << " scores=" << dtype_name(scores)

@@ -12,6 +12,7 @@
 // Individual formats can be overridden after the rule is applied (e.g. accum: bf16 is the
 // paper's implementation, whose O~ accumulator is a BF16 tensor).
 #pragma once
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -32,6 +33,10 @@ enum class DeltaMode {
 };
 DeltaMode parse_delta_mode(const std::string& s);  // o | o_split | o_fp32 | dp_p | fp32_recompute
 const char* delta_mode_name(DeltaMode d);
+
+// A rounding point's override: "auto" (nullopt: the rule's format) or a format parse_dtype
+// reads (bf16, fp16, fp32, fp64).
+std::optional<DType> parse_point_format(const std::string& s);
 
 // Resolved formats of every rounding point.
 struct AttnNumerics {

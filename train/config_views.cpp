@@ -49,9 +49,7 @@ std::vector<AttentionConfig> attention_configs(const Config& c, const std::strin
   AttentionConfig base;
   base.kind = parse_attention_kind(a.backend);
   base.rule = parse_rounding_rule(a.rule);
-  auto fmt = [](const std::string& v) -> std::optional<DType> {
-    return v == "auto" ? std::nullopt : std::optional<DType>(parse_dtype(v));
-  };
+  const auto fmt = parse_point_format;
   base.qkv = fmt(a.qkv);
   base.scores = fmt(a.scores);
   base.probs = fmt(a.probs);

@@ -99,12 +99,7 @@ void write_bias_csv(const std::string& path, const BiasConfig& bc, const BiasRep
     text += buf;
   }
   write_file(path, text);
-  nlohmann::json meta;
-  meta["tool"] = "attn_deviation bias";
-  meta["command"] = cmdline;
-  meta["date"] = utc_now();
-  meta["wall_seconds"] = rep.seconds;
-  meta["load_average_end"] = loadavg();
+  nlohmann::json meta = sidecar_meta("attn_deviation bias", cmdline, rep.seconds, "", bc.threads);
   meta["setup"] = describe_setup(bc, rep);
   meta["columns"] = {
       {"kind", "tied_tile | tied_any | single | diffuse"},

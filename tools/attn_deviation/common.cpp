@@ -63,6 +63,19 @@ void write_file(const std::string& path, const std::string& text) {
     fail(path, ": write failed: ", std::strerror(errno), " (disk full?)");
 }
 
+nlohmann::json sidecar_meta(const std::string& tool, const std::string& cmdline, double wall,
+                            const std::string& load_start, int threads) {
+  nlohmann::json meta;
+  meta["tool"] = tool;
+  meta["command"] = cmdline;
+  meta["date"] = utc_now();
+  meta["wall_seconds"] = wall;
+  if (!load_start.empty()) meta["load_average_start"] = load_start;
+  meta["load_average_end"] = loadavg();
+  meta["threads"] = threads;
+  return meta;
+}
+
 void write_sidecar(const std::string& csv_path, const nlohmann::json& meta) {
   write_file(csv_path + ".json", meta.dump(2) + "\n");
 }

@@ -16,6 +16,10 @@ std::string utc_now();  // 2026-11-27T01:02:03Z
 std::string command_line(int argc, char** argv);
 // Writes text to path, or fails with a one-line error naming the path.
 void write_file(const std::string& path, const std::string& text);
+// The sidecar's common fields: tool, command, date, wall time, load average at start (if
+// known) and now, threads.
+nlohmann::json sidecar_meta(const std::string& tool, const std::string& cmdline, double wall,
+                            const std::string& load_start, int threads);
 // path + ".json": what produced a CSV (command, date, load, threads, wall time, columns).
 void write_sidecar(const std::string& csv_path, const nlohmann::json& meta);
 // "12.3 s" / "4 min 05 s"

@@ -22,11 +22,13 @@ using namespace st::attn_tool;
 
 namespace {
 
+// A format override flag: "" or auto (the rule's) or a format; errors name the flag.
 std::optional<DType> format_flag(const std::string& flag, const std::string& v) {
-  if (v.empty() || v == "auto") return std::nullopt;
-  for (DType f : {DType::BF16, DType::F16, DType::F32, DType::F64})
-    if (v == dtype_name(f)) return f;
-  fail("attn_deviation bias ", flag, ": '", v, "' is not a format (auto, bf16, fp16, fp32, fp64)");
+  try {
+    return v.empty() ? std::nullopt : parse_point_format(v);
+  } catch (const Error& e) {
+    fail("attn_deviation bias ", flag, ": ", e.what());
+  }
 }
 
 // CPU seconds of the bias experiment (cost model of the 2-core development machine).

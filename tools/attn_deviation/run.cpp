@@ -62,14 +62,7 @@ int run_cmd(const std::vector<std::pair<std::string, std::string>>& settings, in
   print_summary(s, summarize(heads), s.heads);
   if (!csv.empty()) {
     write_file(csv, head_csv_header() + head_csv_rows(s, heads));
-    nlohmann::json meta;
-    meta["tool"] = "attn_deviation run";
-    meta["command"] = cmdline;
-    meta["date"] = utc_now();
-    meta["wall_seconds"] = wall;
-    meta["load_average_start"] = load0;
-    meta["load_average_end"] = loadavg();
-    meta["threads"] = threads;
+    nlohmann::json meta = sidecar_meta("attn_deviation run", cmdline, wall, load0, threads);
     meta["golden"] = "baseline attention with every point in FP64 on the same rounded inputs";
     meta["columns"] = head_csv_columns();
     write_sidecar(csv, meta);

@@ -363,15 +363,8 @@ int sweep_cmd(const std::string& plan_file, int threads, const std::string& csv,
     write_file(csv, text);
     const std::string rpath = csv.substr(0, csv.rfind(".csv")) + "_ratios.csv";
     write_file(rpath, ratio_csv);
-    nlohmann::json meta;
-    meta["tool"] = "attn_deviation sweep";
-    meta["command"] = cmdline;
+    nlohmann::json meta = sidecar_meta("attn_deviation sweep", cmdline, wall, load0, nthreads);
     meta["plan"] = plan_file;
-    meta["date"] = utc_now();
-    meta["wall_seconds"] = wall;
-    meta["load_average_start"] = load0;
-    meta["load_average_end"] = loadavg();
-    meta["threads"] = nthreads;
     meta["runs"] = jobs.size();
     meta["golden"] = "baseline attention with every point in FP64 on the same rounded inputs";
     meta["columns"] = head_csv_columns();
