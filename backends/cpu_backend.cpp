@@ -1,16 +1,14 @@
 // The CPU backend: the executable specification. BF16/FP16 values are held in FP32
 // storage and rounded at the points documented in core/backend.h and each kernel file;
 // FP64 storage runs the reference mode. Every entry point checks shapes and dtypes.
-#include <omp.h>
 
 #include <cstring>
 
 #include "attention/attention_cpu.h"
 #include "backends/backends.h"
+#include "backends/cpu_threads.h"
 #include "layers/cpu_kernels.h"
 #include "optim/adamw_cpu.h"
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace st {
 namespace {
@@ -38,12 +36,9 @@ int to_int(int64_t v, const char* what) {
 
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(int threads) {
-    if (threads > 0) {
-      omp_set_num_threads(threads);
-      openblas_set_num_threads(threads);
-    }
-  }
+  // BLAS runs single-threaded inside the tiled GEMMs (layers/matmul_cpu.cpp); OpenMP gets
+  // `threads` (<= 0: its default).
+  explicit CpuBackend(int threads) { set_cpu_threads(threads); }
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
   DType storage_dtype(DType fmt) const override {

@@ -4,6 +4,14 @@
 // Forward: out = round(inp.W^T + bias) (bias added in FP32 before the rounding, as the
 // cuBLASLt bias epilogue does). Backward: dinp = round(dout.W); dW = round(dW + dout^T.inp)
 // (beta = 1 GEMM, like cuBLASLt with C = D); dbias = round(dbias + colsum(dout)).
+//
+// Thread-count independence: a multithreaded BLAS call partitions the output by thread
+// count and picks kernels by partition size, so its bits change with the thread count
+// (OpenBLAS 0.3.21: ~7-15% of the outputs of GPT-2's GEMMs differ between 1 and 2 threads).
+// Here the output is cut into a fixed grid of tiles that depends only on the GEMM's shape;
+// each tile is one single-threaded BLAS call over the whole K, and OpenMP threads take
+// tiles. The same tile always runs the same code, so results are identical for any thread
+// count, and a run may change its thread count (run.threads: auto) without changing a bit.
 #include <cblas.h>
 
 #include <algorithm>
@@ -13,14 +21,35 @@
 namespace st::cpu {
 namespace {
 
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
-          const float* A, int lda, const float* B, int ldb, float beta, float* Cm, int ldc) {
+void gemm1(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+           const float* A, int lda, const float* B, int ldb, float beta, float* Cm, int ldc) {
   cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
 }
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double alpha,
-          const double* A, int lda, const double* B, int ldb, double beta, double* Cm,
-          int ldc) {
+void gemm1(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double alpha,
+           const double* A, int lda, const double* B, int ldb, double beta, double* Cm,
+           int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
+}
+
+// Tile sides: large enough for BLAS to run near its single-core peak, small enough that
+// GPT-2's GEMMs have several tiles per thread.
+constexpr int kTileM = 256, kTileN = 256;
+
+// Row-major C (M x N) = alpha op(A) op(B) + beta C, tiled as above (BLAS must be
+// single-threaded: the CPU backend sets OpenBLAS to one thread).
+template <class T>
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T alpha, const T* A,
+          int lda, const T* B, int ldb, T beta, T* Cm, int ldc) {
+  const int tm = (M + kTileM - 1) / kTileM, tn = (N + kTileN - 1) / kTileN;
+#pragma omp parallel for schedule(dynamic)
+  for (int t = 0; t < tm * tn; ++t) {
+    const int i0 = (t / tn) * kTileM, j0 = (t % tn) * kTileN;
+    const int m = std::min(kTileM, M - i0), n = std::min(kTileN, N - j0);
+    const T* a = ta == CblasNoTrans ? A + static_cast<size_t>(i0) * lda : A + i0;
+    const T* b = tb == CblasNoTrans ? B + j0 : B + static_cast<size_t>(j0) * ldb;
+    gemm1(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, Cm + static_cast<size_t>(i0) * ldc + j0,
+          ldc);
+  }
 }
 
 }  // namespace

@@ -287,6 +287,9 @@ TEST(Config, OutOfRange) {
   EXPECT_HAS(parse_error("train:\n  grad_clip: -0.5\n"), "train.grad_clip = -0.5");
   EXPECT_HAS(parse_error("train:\n  eval_batches: 0\n"), "train.eval_batches = 0");
   EXPECT_HAS(parse_error("run:\n  threads: 1025\n"), "run.threads = 1025");
+  EXPECT_HAS(parse_error("run:\n  threads: -1\n"), "run.threads = -1 is out of range");
+  EXPECT_HAS(parse_error("run:\n  threads: many\n"),
+             "run.threads: expected an integer or auto, got 'many'");
   EXPECT_HAS(parse_error("precision:\n  loss_scale_init: 16777217\n"),
              "precision.loss_scale_init = 16777217");
   // Past int, and past 64 bits: a range error, not a silent wrap.
@@ -368,6 +371,17 @@ TEST(Config, LoadConfigFromFile) {
   const std::string m = error_of([&] { load_config(path, {"train.lr=abc"}); });
   EXPECT_EQ(m.rfind(path, 0), 0u) << m;
   std::remove(path);
+}
+
+// run.threads is an int that may also be written auto (the default), and reads back as such.
+TEST(Config, ThreadsAutoOrCount) {
+  EXPECT_EQ(Config{}.run.threads, kAutoInt);
+  EXPECT_EQ(parse_config("run:\n  threads: auto\n", "t.yaml").run.threads, kAutoInt);
+  EXPECT_EQ(parse_config("run:\n  threads: 3\n", "t.yaml").run.threads, 3);
+  const Config c = parse_config("run:\n  threads: auto\n", "t.yaml");
+  EXPECT_NE(config_to_yaml(c).find("threads: auto"), std::string::npos);
+  EXPECT_EQ(parse_config(config_to_yaml(c), "back.yaml").run.threads, kAutoInt);
+  EXPECT_NE(config_help().find("int|auto"), std::string::npos);
 }
 
 TEST(Config, YamlRoundTrip) {

@@ -198,6 +198,30 @@ TEST(TrainDeterminism, IdenticalRunsWriteByteIdenticalCheckpoints) {
   EXPECT_GE(compared, 1);
 }
 
+// Every CPU kernel gives the same bits for any thread count (layers/matmul_cpu.cpp tiles
+// the GEMMs on a fixed grid), so run.threads 1, 3 and auto (which switches counts while it
+// measures) train identically. n_embd 96 makes the MLP's GEMMs span two 256-wide tiles.
+TEST(TrainDeterminism, ThreadCountChangesNoBit) {
+  std::vector<TrainResult> r;
+  for (const char* threads : {"1", "3", "auto"}) {
+    const std::string name = std::string("threads_") + threads;
+    std::string y = base_yaml((tmp_root() / name).string(), "bf16");
+    y.replace(y.find("n_embd: 32"), 10, "n_embd: 96");
+    y.replace(y.find("seed: 7}"), 8, std::string("seed: 7, threads: ") + threads + "}");
+    TrainOptions o = quiet();
+    o.stop_after = 12;
+    r.push_back(run_training(parse_config(y, name + ".yaml"), o));
+  }
+  ASSERT_EQ(r[0].losses.size(), 12u);
+  for (size_t i = 1; i < r.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(r[i].losses, r[0].losses);
+    EXPECT_EQ(r[i].weights_sha256, r[0].weights_sha256);
+  }
+  const std::string log = slurp(tmp_root() / "threads_auto" / "train.log");
+  EXPECT_NE(log.find("cpu: auto (the fastest of"), std::string::npos) << log;
+}
+
 TEST(TrainBadInput, UnknownKeyWrongTypeOutOfRange) {
   const std::string dir = (tmp_root() / "bad_cfg").string();
   std::string y = base_yaml(dir, "fp32");

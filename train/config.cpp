@@ -53,6 +53,7 @@ struct Key {
   Bounds bounds;                  // numbers only
   const char* desc;               // one line: also the comment in config_to_yaml
   const char* choices = nullptr;  // enums: "a|b|c"
+  bool auto_word = false;         // int keys: also accept "auto", stored as kAutoInt
 };
 
 // clang-format off
@@ -73,7 +74,9 @@ const Key kSchema[] = {
     {ST_KEY(run, name), any(), "run name, shown in logs"},
     {ST_KEY(run, out_dir), any(), "run directory: resolved config, logs, checkpoints"},
     {ST_KEY(run, seed), any(), "seed for initialisation, data order and sampling"},
-    {ST_KEY(run, threads), closed(0, 1024), "CPU threads; 0: all cores"},
+    {ST_KEY(run, threads), closed(0, 1024),
+     "CPU threads; auto: the fastest count, re-measured during the run; 0: all cores",
+     nullptr, true},
 
     {ST_KEY(model, n_layer), closed(1, kMaxLayers), "transformer blocks"},
     {ST_KEY(model, n_head), closed(1, kMaxHeads), "attention heads; must divide n_embd"},
@@ -277,7 +280,8 @@ std::string yaml_string(const std::string& s) {
 
 std::string yaml_value(const Key& k, Config& c) {
   const Ref r = k.ref(c);
-  if (auto p = std::get_if<int*>(&r)) return std::to_string(**p);
+  if (auto p = std::get_if<int*>(&r))
+    return k.auto_word && **p == kAutoInt ? "auto" : std::to_string(**p);
   if (auto p = std::get_if<uint64_t*>(&r)) return std::to_string(**p);
   if (auto p = std::get_if<double*>(&r)) {  // ".0": integral values still read as floats
     const std::string s = shortest(**p);
@@ -369,12 +373,16 @@ void assign(const Key& k, Config& c, const Raw& raw, const std::string& where) {
   };
   const Ref r = k.ref(c);
   if (auto p = std::get_if<int*>(&r)) {
+    if (k.auto_word && s == "auto" && !raw.shape) {
+      **p = kAutoInt;
+      return;
+    }
     int64_t v = 0;
     const std::errc ec = raw.shape ? std::errc::invalid_argument : parse_number(s, v);
     if (ec == std::errc::result_out_of_range)
       v = s[0] == '-' ? INT64_MIN : INT64_MAX;
     else if (ec != std::errc())
-      expected("an integer");
+      expected(k.auto_word ? "an integer or auto" : "an integer");
     check_range(k, static_cast<double>(v), s, where);  // also catches what int cannot hold
     **p = static_cast<int>(v);
   } else if (auto p = std::get_if<uint64_t*>(&r)) {
@@ -411,7 +419,8 @@ void assign(const Key& k, Config& c, const Raw& raw, const std::string& where) {
 void validate(Config& c, const std::string& where) {
   for (const Key& k : kSchema) {
     const Ref r = k.ref(c);
-    if (auto p = std::get_if<int*>(&r)) check_range(k, **p, std::to_string(**p), where);
+    if (auto p = std::get_if<int*>(&r); p && !(k.auto_word && **p == kAutoInt))
+      check_range(k, **p, std::to_string(**p), where);
     if (auto p = std::get_if<double*>(&r)) {
       if (!std::isfinite(**p)) fail(where, k.name, " = ", shortest(**p), " is not finite");
       check_range(k, **p, shortest(**p), where);
@@ -582,10 +591,12 @@ std::string config_help() {
   std::vector<std::vector<std::string>> rows;  // key, type, default, range, description
   for (const Key& k : kSchema) {
     const size_t t = type_of(k);
-    rows.push_back({k.name, k.choices ? "enum" : types[t], yaml_value(k, defaults),
-                    k.choices ? k.choices
-                    : t >= 3  ? "-"
-                              : bounds_text(k.bounds, t == 0, false),
+    rows.push_back({k.name, k.choices ? "enum" : k.auto_word ? "int|auto" : types[t],
+                    yaml_value(k, defaults),
+                    k.choices   ? k.choices
+                    : t >= 3    ? "-"
+                    : k.auto_word ? "auto, " + bounds_text(k.bounds, t == 0, false)
+                                : bounds_text(k.bounds, t == 0, false),
                     k.desc});
   }
   // Columns sized for the typical row; an outlier (a long path) just pushes its line right.

@@ -14,6 +14,9 @@
 
 namespace st {
 
+// An int key written `auto` in YAML (run.threads).
+constexpr int kAutoInt = -1;
+
 // Upper bounds of the model shape: kMaxLayers, kMaxHeads, kMaxEmbd, kMaxSeqLen of
 // model/gpt2.h (the ranges of these keys in `train --help-config`; readers of a run directory
 // check a run's config.yaml against them). model.vocab_size is bounded by the token format:
@@ -22,7 +25,7 @@ struct RunSection {
   std::string name = "run";
   std::string out_dir = "runs/run";  // the run directory
   uint64_t seed = 1337;
-  int threads = 0;                   // CPU threads; 0: all cores (OpenMP default)
+  int threads = kAutoInt;            // CPU threads; kAutoInt: auto (ThreadTuner); 0: all cores
 };
 
 struct ModelSection {

@@ -90,6 +90,7 @@ class Run {
   bool zero_ = false;  // ZeRO-1 over world_ > 1 ranks
   Partition shard_;    // ZeRO-1: each rank's part of the flat parameters
   std::string threads_note_;
+  int max_threads_ = 0;  // run.threads auto: the most threads to try (0: every core)
   std::unique_ptr<Backend> be_;
   std::unique_ptr<GPT2> model_;
   std::unique_ptr<StabilityHooks> hooks_;

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "backends/cpu_threads.h"
 #include "optim/schedule.h"
 #include "train/run.h"
 
@@ -160,6 +161,24 @@ TrainResult Run::go() {
                zero_ ? ", ZeRO-1 (optimizer state sharded)" : "");
     if (!threads_note_.empty()) log_->info("{}", threads_note_);
   }
+  // CPU threads: fixed, or chosen by measurement (run.threads auto; cpu_threads.h). Every
+  // CPU kernel gives the same bits for any count, so switching changes no result.
+  std::unique_ptr<ThreadTuner> tuner;
+  if (be_->device() == Device::CPU) {
+    std::string how = std::to_string(cpu_threads()) + " threads";
+    if (cfg_.run.threads == kAutoInt) {
+      const char* omp = std::getenv("OMP_NUM_THREADS");
+      const int most = max_threads_ > 0      ? max_threads_
+                       : omp && std::atoi(omp) > 0 ? std::atoi(omp)
+                                                   : cpu_cores_available();
+      tuner = std::make_unique<ThreadTuner>(thread_candidates(most));
+      how = "auto (the fastest of";
+      for (int n : tuner->candidates()) how += " " + std::to_string(n);
+      how += " threads, measured over the first steps and again every 100 steps or when the "
+             "step time changes by 1.5x)";
+    }
+    log_->info("cpu: {}; OpenMP wait policy {}", how, omp_wait_policy_description());
+  }
   if (!resume_from_.empty()) log_->info("resumed from {} at step {}", resume_from_, step_);
 
   TrainResult res;
@@ -216,6 +235,7 @@ TrainResult Run::go() {
   while (step_ < stop && !stop_sig) {
     const int64_t s = step_ + 1;
     inject_fault(rank_, s, "step");
+    if (tuner) set_cpu_threads(tuner->current());
     const auto t0 = std::chrono::steady_clock::now();
     const DataLoader::State data_at_start = train_loader_->state();
     if (lead()) hooks_->begin_step(s);
@@ -297,6 +317,8 @@ TrainResult Run::go() {
     res.step_rss_bytes = std::max(res.step_rss_bytes, rss_bytes("VmRSS:"));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(B) * T * AW / dt;
+    if (std::string why; tuner && !hook_step && !spike.spike && tuner->record(dt, &why))
+      log_->info("step {}: run.threads auto: {}", step_, why);
     tok_time += dt;
     res.comm_seconds += comm_s;
     tok_count += static_cast<int64_t>(B) * T * AW;

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "backends/backends.h"
+#include "backends/cpu_threads.h"
 #include "io/weights.h"
 #include "train/run.h"
 
@@ -172,16 +173,21 @@ void Run::setup_dist() {
     fail("rank ", rank_, "'s config differs from rank 0's: ", key, " is '", vb, "' here, '", va,
          "' on rank 0 (every rank must run the same config)");
   }
-  // CPU threads per rank: the node's cores shared by its ranks unless set.
+  // CPU threads per rank: the node's cores shared by its ranks unless set (auto chooses
+  // among at most that many).
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (world_ > 1 && !cuda && cfg_.run.threads == 0 && !(omp && *omp) && local_size) {
+  const bool share_cores = cfg_.run.threads == 0 || cfg_.run.threads == kAutoInt;
+  if (world_ > 1 && !cuda && share_cores && !(omp && *omp) && local_size) {
     const int ranks_here = std::max(1, std::atoi(local_size));
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    cfg_.run.threads = std::max(1, cores / ranks_here);
-    threads_note_ = "run.threads 0 under mpirun: " + std::to_string(cfg_.run.threads) +
-                    " threads per rank (" + std::to_string(cores) + " cores, " +
-                    std::to_string(ranks_here) + " ranks on this node)";
+    const int cores = cpu_cores_available();
+    const int per_rank = std::max(1, cores / ranks_here);
+    if (cfg_.run.threads == 0) cfg_.run.threads = per_rank;
+    max_threads_ = per_rank;
+    threads_note_ = "run.threads " + std::string(cfg_.run.threads == kAutoInt ? "auto" : "0") +
+                    " under mpirun: " + (cfg_.run.threads == kAutoInt ? "at most " : "") +
+                    std::to_string(per_rank) + " threads per rank (" + std::to_string(cores) +
+                    " cores, " + std::to_string(ranks_here) + " ranks on this node)";
   }
 }
 

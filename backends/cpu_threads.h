@@ -1,0 +1,66 @@
+// CPU threading: the OpenMP wait policy, the thread count, and run.threads: auto.
+//
+// Wait policy. An OpenMP thread that finds no work spins before it sleeps (libgomp: ~300k
+// spins by default; OMP_WAIT_POLICY=active spins indefinitely). On a machine whose cores are
+// shared with other processes, a spinning thread takes the core that the thread it waits for
+// needs, and a 2-thread run collapses (measured: bench/results/2026-11-27_cpu_threads_2core.md).
+// stabletrain's executables therefore start with OMP_WAIT_POLICY=passive unless the
+// environment sets OMP_WAIT_POLICY or GOMP_SPINCOUNT: the variable is set before libgomp
+// reads it (an ELF .preinit_array entry runs before any shared library's initialiser).
+//
+// Thread count. Every CPU kernel gives the same bits for any thread count (fixed partitions,
+// layers/matmul_cpu.cpp), so the count may change during a run. ThreadTuner implements
+// run.threads: auto: it times training steps at each candidate count, keeps the fastest,
+// and re-measures when the step time drifts or every `reprobe_every` steps.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace st {
+
+// "passive (stabletrain's default)" or "<value> (from OMP_WAIT_POLICY)" and the like.
+std::string omp_wait_policy_description();
+
+// Cores this process may run on (sched_getaffinity; at least 1).
+int cpu_cores_available();
+
+// Sets the OpenMP thread count (OpenBLAS stays single-threaded: the GEMMs are tiled by
+// OpenMP, layers/matmul_cpu.cpp). threads <= 0 leaves OpenMP's default.
+void set_cpu_threads(int threads);
+int cpu_threads();  // omp_get_max_threads()
+
+class ThreadTuner {
+ public:
+  // candidates: thread counts to choose from (e.g. 1..cores), tried in order.
+  explicit ThreadTuner(std::vector<int> candidates, int reprobe_every = 100);
+  // The count to use for the next step.
+  int current() const { return current_; }
+  // Report the wall time of a training step run at current(). Returns true when the choice
+  // changed (`why` then says from what to what and the measured times).
+  bool record(double seconds, std::string* why);
+  const std::vector<int>& candidates() const { return cand_; }
+
+ private:
+  void start_probe(int first);  // a probe pass that measures cand_[first] first
+
+  std::vector<int> cand_;
+  std::vector<double> time_;    // the latest measurement per candidate
+  std::vector<int> order_;      // the candidates in the order of the current probe pass
+  std::vector<double> window_;  // the latest settled step times
+  int reprobe_every_;
+  int current_ = 1;
+  int probing_ = -1;        // index into order_ during a probe pass, -1 when settled
+  int best_ = 0;            // index into cand_ of the chosen count
+  int since_probe_ = 0;     // steps since the last probe pass ended
+  int steps_in_probe_ = 0;  // steps of the candidate being probed
+  double probe_acc_ = 0;
+  double pass_best_ = 0;    // the fastest candidate so far in this pass (0: none yet)
+  double settled_ref_ = 0;  // the chosen count's time when the probe pass ended
+  bool decided_ = false;
+};
+
+// The counts run.threads: auto chooses from: all `cores` first, then fewer (every count up to
+// 4, halving above).
+std::vector<int> thread_candidates(int cores);
+
+}  // namespace st
