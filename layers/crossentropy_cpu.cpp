@@ -1,33 +1,46 @@
 // Fused classifier: softmax cross-entropy over the first V of Vp logit columns, in T
 // (FP32) from stored (possibly BF16) logits. Loss = log(sum exp(x - max)) - (x_t - max).
 // dlogits = round((p - onehot) * dloss), 0 in padded columns; may overwrite the logits.
+// The exponentials are computed once per row into the output row (or a scratch row),
+// vectorised for FP32 (layers/vec_math.h), then summed in column order.
 #include <cmath>
+#include <vector>
 
 #include "layers/cpu_kernels.h"
+#include "layers/vec_math.h"
 
 namespace st::cpu {
+namespace {
+inline float exp_t(float x) { return exp_f32(x); }
+inline double exp_t(double x) { return std::exp(x); }
+}  // namespace
 
 template <class T>
 void crossentropy_forward_backward(T* losses, T* dlogits, const T* logits,
                                    const int32_t* targets, int N, int V, int Vp, float dloss,
                                    DType fmt) {
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < N; ++i) {
-    const T* x = logits + static_cast<size_t>(i) * Vp;
-    T mx = x[0];
-    for (int j = 1; j < V; ++j) mx = x[j] > mx ? x[j] : mx;
-    T sum = 0;
-    for (int j = 0; j < V; ++j) sum += std::exp(x[j] - mx);
-    const int t = targets[i];
-    losses[i] = std::log(sum) - (x[t] - mx);
-    if (!dlogits) continue;
-    T* d = dlogits + static_cast<size_t>(i) * Vp;
-    const T inv = T(1) / sum;
-    for (int j = 0; j < V; ++j) {
-      const T p = std::exp(x[j] - mx) * inv;
-      d[j] = round_to(fmt, (p - (j == t ? T(1) : T(0))) * T(dloss));
+#pragma omp parallel
+  {
+    std::vector<T> scratch(dlogits ? 0 : static_cast<size_t>(V));
+#pragma omp for schedule(static)
+    for (int i = 0; i < N; ++i) {
+      const T* x = logits + static_cast<size_t>(i) * Vp;
+      T* e = dlogits ? dlogits + static_cast<size_t>(i) * Vp : scratch.data();  // may be x
+      T mx = x[0];
+      for (int j = 1; j < V; ++j) mx = x[j] > mx ? x[j] : mx;
+      const int t = targets[i];
+      const T xt = x[t];
+      for (int j = 0; j < V; ++j) e[j] = exp_t(x[j] - mx);
+      T sum = 0;
+      for (int j = 0; j < V; ++j) sum += e[j];
+      losses[i] = std::log(sum) - (xt - mx);
+      if (!dlogits) continue;
+      const T inv = T(1) / sum, pt = e[t] * inv;
+      store_rounded(fmt, e, static_cast<size_t>(V), false,
+                    [&](size_t j) { return e[j] * inv * T(dloss); });
+      e[t] = round_to(fmt, (pt - T(1)) * T(dloss));
+      for (int j = V; j < Vp; ++j) e[j] = 0;
     }
-    for (int j = V; j < Vp; ++j) d[j] = 0;
   }
 }
 
