@@ -13,6 +13,22 @@ namespace st::cpu {
 namespace {
 inline float exp_t(float x) { return exp_f32(x); }
 inline double exp_t(double x) { return std::exp(x); }
+
+// max over x[0..n) (NaNs skipped, as `x > m ? x : m` skips them), in 8 lanes so that it
+// vectorises; a maximum does not depend on the order it is taken in.
+template <class T>
+T row_max(const T* x, int n) {
+  constexpr int kLanes = 8;
+  T m[kLanes];
+  for (int k = 0; k < kLanes; ++k) m[k] = x[0];
+  int j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) m[k] = x[j + k] > m[k] ? x[j + k] : m[k];
+  for (; j < n; ++j) m[0] = x[j] > m[0] ? x[j] : m[0];
+  T r = m[0];
+  for (int k = 1; k < kLanes; ++k) r = m[k] > r ? m[k] : r;
+  return r;
+}
 }  // namespace
 
 template <class T>
@@ -26,8 +42,7 @@ void crossentropy_forward_backward(T* losses, T* dlogits, const T* logits,
     for (int i = 0; i < N; ++i) {
       const T* x = logits + static_cast<size_t>(i) * Vp;
       T* e = dlogits ? dlogits + static_cast<size_t>(i) * Vp : scratch.data();  // may be x
-      T mx = x[0];
-      for (int j = 1; j < V; ++j) mx = x[j] > mx ? x[j] : mx;
+      const T mx = row_max(x, V);
       const int t = targets[i];
       const T xt = x[t];
       for (int j = 0; j < V; ++j) e[j] = exp_t(x[j] - mx);

@@ -2,8 +2,11 @@
 // (`bench train`, tools/bench_train.cpp: tokens/s and MFU on any device, the GPU included;
 // `bench attention`, tools/bench_attention.cpp: the GPU attention kernels.)
 //   bench step [--precision fp32,bf16] [--B 4] [--T 64] [--steps 5] [--layers 12 ...]
-// Each precision runs in its own child process so that its peak memory is its own.
-// Prints: measured time, the comparison figure, and their ratio.
+//              [--torch tools/bench_torch_train.py] [--rounds 2]
+// Each precision runs in its own child process so that its peak memory is its own. The
+// comparison figure is measured in the same run: the same step in PyTorch (the script, on
+// /usr/bin/python3), alternated with stabletrain's for --rounds rounds so that a change of
+// load hits both. Prints: measured time, the comparison figure, and their ratio.
 //   bench backends [--steps 200] [--precision fp32,bf16] [--data FILE]
 // trains the same small GPT-2 on the same Tiny Shakespeare byte batches with each attention
 // backend and reports how far their loss curves drift apart (a report, not a pass/fail).
@@ -21,7 +24,10 @@
 #include <sstream>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "backends/backends.h"
+#include "backends/cpu_threads.h"
 #include "core/backend.h"
 #include "core/timing_backend.h"
 #include "model/gpt2.h"
@@ -39,8 +45,12 @@ using namespace st;
 
 namespace {
 
+constexpr int kMaxSteps = 256;
+
 struct StepResult {
   double median_s = 0, min_s = 0;
+  int n = 0;                   // timed steps
+  double times[kMaxSteps] = {};
   static constexpr int kMaxFamilies = 16;
   char family[kMaxFamilies][16] = {};
   double family_s[kMaxFamilies] = {};  // seconds per timed step
@@ -77,6 +87,8 @@ StepResult run_steps(const GPT2Config& cfg, DType prec, int B, int T, int steps,
     r.last_loss = loss;
     if (s > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
   }
+  r.n = static_cast<int>(times.size());
+  std::copy(times.begin(), times.end(), r.times);
   std::sort(times.begin(), times.end());
   r.median_s = times[times.size() / 2];
   r.min_s = times.front();
@@ -197,6 +209,57 @@ int run_backends(const std::string& data_path, const std::string& precisions, in
 }
 
 }  // namespace
+// Seconds per step: mean and its standard error over the steps.
+struct Stat {
+  double mean = 0, se = 0;
+  int n = 0;
+};
+Stat stat(const std::vector<double>& v) {
+  Stat s;
+  s.n = static_cast<int>(v.size());
+  for (double x : v) s.mean += x / s.n;
+  double ss = 0;
+  for (double x : v) ss += (x - s.mean) * (x - s.mean);
+  s.se = s.n > 1 ? std::sqrt(ss / (s.n - 1) / s.n) : 0;
+  return s;
+}
+
+struct TorchResult {
+  std::vector<double> times;
+  double first_loss = 0, last_loss = 0, params = 0;
+  std::string version;
+};
+
+// Runs the PyTorch step script once; its last stdout line is a JSON object.
+TorchResult run_torch(const std::string& script, const GPT2Config& cfg, int B, int T, int steps,
+                      int threads) {
+  const std::string cmd = "/usr/bin/python3 " + script + " --layers " + std::to_string(cfg.n_layer) +
+                          " --heads " + std::to_string(cfg.n_head) + " --embd " +
+                          std::to_string(cfg.n_embd) + " --vocab " + std::to_string(cfg.vocab_size) +
+                          " --max-seq-len " + std::to_string(cfg.max_seq_len) + " --B " +
+                          std::to_string(B) + " --T " + std::to_string(T) + " --steps " +
+                          std::to_string(steps) + " --threads " + std::to_string(threads);
+  FILE* f = popen(cmd.c_str(), "r");
+  ST_CHECK(f, "bench: cannot run ", cmd);
+  std::string out, last;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, f)) out += buf;
+  const int rc = pclose(f);
+  ST_CHECK(rc == 0, "bench: the PyTorch comparison failed (", cmd, "); it needs /usr/bin/python3 "
+           "with torch (Debian: apt-get install python3-torch), or pass --torch ''");
+  std::istringstream ls(out);
+  for (std::string l; std::getline(ls, l);)
+    if (!l.empty()) last = l;
+  const auto j = nlohmann::json::parse(last);
+  TorchResult r;
+  r.times = j.at("times").get<std::vector<double>>();
+  r.first_loss = j.at("first_loss").get<double>();
+  r.last_loss = j.at("last_loss").get<double>();
+  r.params = j.at("params").get<double>();
+  r.version = j.at("torch").get<std::string>();
+  return r;
+}
+
 
 int main(int argc, char** argv) {
   CLI::App app{"stabletrain benchmarks"};
@@ -205,17 +268,22 @@ int main(int argc, char** argv) {
   std::string precisions = "fp32,bf16";
   int B = 4, T = 64, steps = 5, threads = 0;
   GPT2Config cfg;  // 124M shapes by default
-  double ref_llmc = 5.9, ref_torch = 3.9, target = 2.9;
+  double ref_llmc = 0;
+  int rounds = 2;
+  std::string torch_script = ST_TORCH_SCRIPT;
   step->add_option("--precision", precisions, "comma-separated: fp32,bf16,fp16,fp64");
   step->add_option("--B", B, "micro-batch size");
   step->add_option("--T", T, "sequence length");
-  step->add_option("--steps", steps, "timed steps (after one warm-up)")->check(CLI::PositiveNumber);
-  step->add_option("--threads", threads, "threads (0: OpenMP default)");
+  step->add_option("--steps", steps, "timed steps per round (after one warm-up)")
+      ->check(CLI::Range(1, kMaxSteps));
+  step->add_option("--threads", threads, "threads for both (0: every core)");
+  step->add_option("--rounds", rounds, "rounds of stabletrain then PyTorch")->check(CLI::Range(1, 100));
+  step->add_option("--torch", torch_script, "PyTorch step script ('': no comparison)")
+      ->capture_default_str();
   step->add_option("--layers", cfg.n_layer, "n_layer");
   step->add_option("--heads", cfg.n_head, "n_head");
   step->add_option("--embd", cfg.n_embd, "n_embd");
-  step->add_option("--ref-llmc", ref_llmc, "llm.c CPU s/step measured on this machine");
-  step->add_option("--ref-torch", ref_torch, "PyTorch CPU s/step measured on this machine");
+  step->add_option("--ref-llmc", ref_llmc, "llm.c CPU s/step measured on this machine (0: none)");
   auto* backends = app.add_subcommand("backends", "loss-curve drift between attention backends");
   std::string data_path = "../shared/data/tinyshakespeare.txt", bprec = "fp32,bf16";
   int bsteps = 200;
@@ -254,45 +322,88 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    std::vector<std::pair<DType, StepResult>> results;
+    if (threads <= 0) threads = cpu_cores_available();
+    std::vector<DType> precs;
     std::stringstream ss(precisions);
-    std::string p;
-    while (std::getline(ss, p, ',')) {
-      const DType d = parse_dtype(p);
-      std::fprintf(stderr, "measuring %s ...\n", dtype_name(d));
-      results.emplace_back(d, measure_in_child(cfg, d, B, T, steps, threads));
-    }
-    std::printf("GPT-2 L=%d H=%d C=%d (%.1fM params), B=%d T=%d, %d timed steps, median\n",
-                cfg.n_layer, cfg.n_head, cfg.n_embd, num_parameters(cfg) / 1e6, B, T, steps);
-    std::printf("%-26s %10s %12s %8s %10s %12s\n", "measurement", "s/step", "comparison",
-                "ratio", "peak MiB", "loss0->last");
-    double fp32 = 0;
-    for (auto& [d, r] : results)
-      if (d == DType::F32) fp32 = r.median_s;
-    for (auto& [d, r] : results) {
-      const std::string name = std::string("step ") + dtype_name(d);
-      auto row = [&](const char* cmp, double ref) {
-        std::printf("%-26s %10.3f %12s %8.2f %10.0f %6.3f->%.3f\n", name.c_str(), r.median_s,
-                    cmp, r.median_s / ref, r.peak_mib, r.first_loss, r.last_loss);
-      };
-      if (d == DType::F32) {
-        row("target 2.9", target);
-        row("llm.c 5.9", ref_llmc);
-        row("torch 3.9", ref_torch);
-      } else if (fp32 > 0) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "fp32 %.3f", fp32);
-        row(buf, fp32);
-      } else {
-        row("-", r.median_s);
+    for (std::string p; std::getline(ss, p, ',');) precs.push_back(parse_dtype(p));
+    std::vector<StepResult> last(precs.size());
+    std::vector<std::vector<double>> ours(precs.size());
+    std::vector<double> peak(precs.size(), 0.0), theirs;
+    TorchResult torch;
+    const double load0 = [] {
+      double l[1] = {0};
+      return getloadavg(l, 1) == 1 ? l[0] : -1;
+    }();
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t i = 0; i < precs.size(); ++i) {
+        std::fprintf(stderr, "round %d/%d: stabletrain %s ...\n", round + 1, rounds,
+                     dtype_name(precs[i]));
+        last[i] = measure_in_child(cfg, precs[i], B, T, steps, threads);
+        ours[i].insert(ours[i].end(), last[i].times, last[i].times + last[i].n);
+        peak[i] = std::max(peak[i], last[i].peak_mib);
+      }
+      if (!torch_script.empty()) {
+        std::fprintf(stderr, "round %d/%d: PyTorch fp32 ...\n", round + 1, rounds);
+        torch = run_torch(torch_script, cfg, B, T, steps, threads);
+        theirs.insert(theirs.end(), torch.times.begin(), torch.times.end());
       }
     }
-    std::printf("\nper kernel family, s/step:");
-    for (auto& [d, r] : results) std::printf(" %10s", dtype_name(d));
+    double load1[1] = {0};
+    getloadavg(load1, 1);
+    std::printf("GPT-2 L=%d H=%d C=%d V=%d (%.1fM params), B=%d T=%d, FP32 AdamW step with "
+                "clipping; %d rounds x %d timed steps after a warm-up; %d threads (OpenMP wait "
+                "policy %s); load average %.2f before, %.2f after\n",
+                cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, num_parameters(cfg) / 1e6, B,
+                T, rounds, steps, threads, omp_wait_policy_description().c_str(), load0, load1[0]);
+    if (!torch_script.empty())
+      std::printf("comparison: PyTorch %s, the same model, batch, optimizer and threads, "
+                  "alternated with stabletrain in each round (%.1fM params)\n",
+                  torch.version.c_str(), torch.params / 1e6);
+    std::printf("%-18s %18s %24s %8s %10s %14s\n", "measurement", "s/step (mean+-SE)",
+                "comparison", "ratio", "peak MiB", "loss0->last");
+    const Stat tst = stat(theirs);
+    double fp32 = 0;
+    for (size_t i = 0; i < precs.size(); ++i)
+      if (precs[i] == DType::F32) fp32 = stat(ours[i]).mean;
+    char a[64], b[64];
+    for (size_t i = 0; i < precs.size(); ++i) {
+      const Stat m = stat(ours[i]);
+      const std::string name = std::string("step ") + dtype_name(precs[i]);
+      std::snprintf(a, sizeof a, "%.3f +- %.3f", m.mean, m.se);
+      auto row = [&](const std::string& cmp, double ref) {
+        std::printf("%-18s %18s %24s %8.2f %10.0f %6.3f->%.3f\n", name.c_str(), a, cmp.c_str(),
+                    m.mean / ref, peak[i], last[i].first_loss, last[i].last_loss);
+      };
+      if (precs[i] == DType::F32 && tst.n) {
+        std::snprintf(b, sizeof b, "torch %.3f +- %.3f", tst.mean, tst.se);
+        row(b, tst.mean);
+      }
+      if (precs[i] == DType::F32 && ref_llmc > 0) {
+        std::snprintf(b, sizeof b, "llm.c %.3f (given)", ref_llmc);
+        row(b, ref_llmc);
+      }
+      if (precs[i] != DType::F32 && fp32 > 0) {
+        std::snprintf(b, sizeof b, "fp32 %.3f", fp32);
+        row(b, fp32);
+      }
+      if ((precs[i] == DType::F32 && !tst.n && ref_llmc <= 0) ||
+          (precs[i] != DType::F32 && fp32 <= 0))
+        row("-", m.mean);
+    }
+    if (fp32 > 0 && tst.n) {
+      const double tok = double(B) * T;
+      std::printf("%-18s %18.0f %24s %8.2f   (tokens / mean step time)\n", "tokens/s fp32",
+                  tok / fp32, ("torch " + std::to_string(static_cast<int>(tok / tst.mean))).c_str(),
+                  tst.mean / fp32);
+      std::printf("torch loss %.3f->%.3f (random tokens: ln V = %.3f)\n", torch.first_loss,
+                  torch.last_loss, std::log(double(cfg.vocab_size)));
+    }
+    std::printf("\nper kernel family, s/step (last round):");
+    for (DType d : precs) std::printf(" %10s", dtype_name(d));
     std::printf("\n");
-    for (int k = 0; k < StepResult::kMaxFamilies && results[0].second.family[k][0]; ++k) {
-      std::printf("  %-24s", results[0].second.family[k]);
-      for (auto& [d, r] : results) std::printf(" %10.3f", r.family_s[k]);
+    for (int k = 0; k < StepResult::kMaxFamilies && last[0].family[k][0]; ++k) {
+      std::printf("  %-24s", last[0].family[k]);
+      for (const StepResult& r : last) std::printf(" %10.3f", r.family_s[k]);
       std::printf("\n");
     }
   } catch (const std::exception& e) {
