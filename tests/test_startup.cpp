@@ -110,6 +110,22 @@ TEST(MemoryEstimate, Gpt2SmallItemsAndLine) {
   EXPECT_EQ(line.find('\n'), std::string::npos);
 }
 
+// The CPU attention's state kept for backward: per layer, sequence and head, FP64 O, O
+// before rounding and lse, plus the baseline's T x T probabilities (19 GiB for GPT-2
+// small's 16 x 1024 micro-batch, the bulk of its 21.6 GB).
+TEST(MemoryEstimate, CpuAttentionStateByBackend) {
+  Config cfg = run_config(16, 1024);
+  const GPT2Config mc = model_of(cfg);
+  const int64_t heads = 16 * 12, T = 1024, hs = 64;
+  const int64_t common = 12 * heads * (2 * T * hs + T) * 8;
+  EXPECT_EQ(cpu_attention_saved_bytes(cfg, mc, 16, 1024), common + 12 * heads * T * T * 8);
+  cfg.attention.backend = "flash";
+  EXPECT_EQ(cpu_attention_saved_bytes(cfg, mc, 16, 1024), common);
+  auto be = make_cpu_backend();
+  const MemoryEstimate e = estimate_memory(cfg, mc, *be, -1, 2);
+  EXPECT_EQ(e.attention_saved, common);
+}
+
 TEST(MemoryEstimate, RefusalIsOneLineNamingTheConfigAndKeys) {
   auto be = make_cpu_backend();
   const Config cfg = run_config(16, 1024);

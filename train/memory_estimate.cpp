@@ -36,6 +36,22 @@ int64_t read_int(const std::string& path) {
 
 }  // namespace
 
+int64_t cpu_attention_saved_bytes(const Config& cfg, const GPT2Config& mc, int B, int T) {
+  // What the CPU attention keeps per layer from forward to backward (attention/head_cpu.h
+  // HeadForward, one per sequence and head, FP64): O and O before its last rounding
+  // (2 x T x head_size), lse (T), and for the baseline the materialised P (T x T).
+  const std::vector<AttentionConfig> ac = attention_configs(cfg);
+  const int64_t hs = mc.n_embd / mc.n_head, heads = int64_t(B) * mc.n_head;
+  int64_t n = 0;
+  for (int l = 0; l < mc.n_layer; ++l) {
+    const AttentionConfig& a = ac[ac.size() == 1 ? 0 : l];
+    const int64_t per_head = 2 * int64_t(T) * hs + T +
+                             (a.kind == AttentionKind::Baseline ? int64_t(T) * T : 0);
+    n += heads * per_head * 8;
+  }
+  return n;
+}
+
 int64_t MemoryEstimate::resident_bytes() const {
   int64_t n = 0;
   for (const MemoryItem& i : resident) n += i.bytes;
@@ -93,6 +109,8 @@ MemoryEstimate estimate_memory(const Config& cfg, const GPT2Config& model_cfg, c
   if (threads <= 0) threads = omp_get_max_threads();
   threads = std::max(1, threads);
   MemoryEstimate e;
+  e.activations = m.activations;
+  e.attention_saved = be.device() == Device::CPU ? cpu_attention_saved_bytes(cfg, mc, B, T) : 0;
   e.resident = {{"parameters", m.params},
                 {"gradients", m.grads},
                 {"FP32 master weights", m.master},
@@ -100,6 +118,7 @@ MemoryEstimate estimate_memory(const Config& cfg, const GPT2Config& model_cfg, c
                 {"gradient scratch (grad_accum_mode separate)", m.grad_scratch},
                 {"activations (" + std::to_string(B) + " x " + std::to_string(T) + ")",
                  m.activations},
+                {"attention saved for backward", e.attention_saved},
                 // The CPU attention's per-thread FP64 head buffers (q, k, v, dO, dq, dk, dv
                 // and a row of scores): a few T x head_size arrays per thread.
                 {"attention scratch", be.device() == Device::CPU
@@ -130,7 +149,6 @@ MemoryEstimate estimate_memory(const Config& cfg, const GPT2Config& model_cfg, c
         {"text sample", model_memory(mc, be, compute, 1, t, recompute_mode(cfg), false)
                             .activations});
   }
-  e.activations = m.activations;
   return e;
 }
 
@@ -174,9 +192,11 @@ std::string memory_refusal(const MemoryEstimate& e, const AvailableMemory& avail
   if (avail.bytes < 0 || e.total() <= avail.bytes) return "";
   const TrainSection& t = cfg.train;
   return cfg.source + ": the run needs about " + format_bytes(e.total()) +
-         " of memory (activations of train.batch_size " + std::to_string(t.batch_size) +
-         " x train.seq_len " + std::to_string(t.seq_len) + ": " +
-         format_bytes(e.activations) + "), more than the " +
+         " of memory (for train.batch_size " + std::to_string(t.batch_size) +
+         " x train.seq_len " + std::to_string(t.seq_len) + ": activations " +
+         format_bytes(e.activations) +
+         (e.attention_saved > 0 ? ", attention state " + format_bytes(e.attention_saved) : "") +
+         "), more than the " +
          format_bytes(avail.bytes) + " available (" + avail.source +
          "); lower train.batch_size or train.seq_len and raise train.grad_accum_steps to keep "
          "the tokens per step (now " +

@@ -23,6 +23,7 @@ struct MemoryEstimate {
   std::vector<MemoryItem> resident;   // held for the whole run
   std::vector<MemoryItem> transient;  // short-lived buffers; the largest counts (peak)
   int64_t activations = 0;            // of the resident: the micro-batch's activations
+  int64_t attention_saved = 0;        // of the resident: the CPU attention's saved state
   int64_t resident_bytes() const;
   int64_t peak_transient_bytes() const;
   const MemoryItem* peak_transient() const;  // null when there are none
@@ -36,6 +37,10 @@ struct MemoryEstimate {
 // < 0: all parameters). threads: the CPU threads the attention and OpenBLAS use.
 MemoryEstimate estimate_memory(const Config& cfg, const GPT2Config& mc, const Backend& be,
                                int64_t shard_numel, int threads);
+
+// Bytes the CPU attention of every layer keeps from forward to backward for a B x T
+// micro-batch (the baseline's T x T probabilities per sequence and head dominate at T = 1024).
+int64_t cpu_attention_saved_bytes(const Config& cfg, const GPT2Config& mc, int B, int T);
 
 // The memory this process may use: the cgroup's limit less its usage when a limit is set
 // (cgroup v2 memory.max, v1 memory.limit_in_bytes), else /proc/meminfo MemAvailable.
