@@ -237,43 +237,104 @@ void GPT2::ensure_acts(int B, int T) {
   ST_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ",
            cfg_.max_seq_len);
   if (acts_.B == B && acts_.T == T) return;
-  const int64_t L = cfg_.n_layer, C = cfg_.n_embd, NH = cfg_.n_head, Vp = cfg_.vp();
   Acts a;
   a.B = B;
   a.T = T;
-  auto act = [&](Shape s) { return be_.alloc(s, storage_); };
-  auto stat = [&](Shape s) { return be_.alloc(s, stat_); };
-  a.tokens = Tensor::empty({B, T}, DType::I32);
-  a.targets = Tensor::empty({B, T}, DType::I32);
-  a.encoded = act({B, T, C});
-  const int64_t Lln = recompute_ == Recompute::kGeluLayernorm ? 1 : L;  // ln1/ln2 buffers
-  const int64_t Lgelu = recompute_ == Recompute::kNone ? L : 1;
-  a.ln1 = act({Lln, B, T, C});
-  a.ln1_mean = stat({L, B, T});
-  a.ln1_rstd = stat({L, B, T});
-  a.qkv = act({L, B, T, 3 * C});
-  a.atty = act({L, B, T, C});
-  a.lse = stat({L, B, NH, T});
-  a.attproj = act({L, B, T, C});
-  a.residual2 = act({L, B, T, C});
-  a.ln2 = act({Lln, B, T, C});
-  a.ln2_mean = stat({L, B, T});
-  a.ln2_rstd = stat({L, B, T});
-  a.fch = act({L, B, T, 4 * C});
-  a.fch_gelu = act({Lgelu, B, T, 4 * C});
-  a.fcproj = act({L, B, T, C});
-  a.residual3 = act({L, B, T, C});
-  a.lnf = act({B, T, C});
-  a.lnf_mean = stat({B, T});
-  a.lnf_rstd = stat({B, T});
-  a.logits = act({B, T, Vp});
-  a.losses = stat({B, T});
-  a.dresidual = act({B, T, C});
-  a.dbtc = act({B, T, C});
-  a.dbt4c = act({B, T, 4 * C});
-  a.dqkv = act({B, T, 3 * C});
-  a.datty = act({B, T, C});
+  const std::vector<ActivationSpec> specs = activation_specs(cfg_, B, T, recompute_);
+  size_t next = 0;
+  auto take = [&](const char* name) {  // the next tensor of the list, which must be `name`
+    ST_CHECK(next < specs.size() && std::string(specs[next].name) == name,
+             "activation_specs out of step with ensure_acts at ", name);
+    const ActivationSpec& s = specs[next++];
+    if (s.host) return Tensor::empty(s.shape, DType::I32);
+    return be_.alloc(s.shape, s.stat ? stat_ : storage_);
+  };
+  a.tokens = take("tokens");
+  a.targets = take("targets");
+  a.encoded = take("encoded");
+  a.ln1 = take("ln1");
+  a.ln1_mean = take("ln1_mean");
+  a.ln1_rstd = take("ln1_rstd");
+  a.qkv = take("qkv");
+  a.atty = take("atty");
+  a.lse = take("lse");
+  a.attproj = take("attproj");
+  a.residual2 = take("residual2");
+  a.ln2 = take("ln2");
+  a.ln2_mean = take("ln2_mean");
+  a.ln2_rstd = take("ln2_rstd");
+  a.fch = take("fch");
+  a.fch_gelu = take("fch_gelu");
+  a.fcproj = take("fcproj");
+  a.residual3 = take("residual3");
+  a.lnf = take("lnf");
+  a.lnf_mean = take("lnf_mean");
+  a.lnf_rstd = take("lnf_rstd");
+  a.logits = take("logits");
+  a.losses = take("losses");
+  a.dresidual = take("dresidual");
+  a.dbtc = take("dbtc");
+  a.dbt4c = take("dbt4c");
+  a.dqkv = take("dqkv");
+  a.datty = take("datty");
+  ST_CHECK(next == specs.size(), "activation_specs lists ", specs.size(), " tensors, ensure_acts allocates ", next);
   acts_ = std::move(a);
+}
+
+std::vector<ActivationSpec> activation_specs(const GPT2Config& c, int B, int T, Recompute r) {
+  const int64_t L = c.n_layer, C = c.n_embd, NH = c.n_head, Vp = c.vp();
+  const int64_t Lln = r == Recompute::kGeluLayernorm ? 1 : L;  // ln1/ln2 buffers
+  const int64_t Lgelu = r == Recompute::kNone ? L : 1;
+  const int64_t b = B, t = T;
+  return {{"tokens", {b, t}, false, true},
+          {"targets", {b, t}, false, true},
+          {"encoded", {b, t, C}},
+          {"ln1", {Lln, b, t, C}},
+          {"ln1_mean", {L, b, t}, true},
+          {"ln1_rstd", {L, b, t}, true},
+          {"qkv", {L, b, t, 3 * C}},
+          {"atty", {L, b, t, C}},
+          {"lse", {L, b, NH, t}, true},
+          {"attproj", {L, b, t, C}},
+          {"residual2", {L, b, t, C}},
+          {"ln2", {Lln, b, t, C}},
+          {"ln2_mean", {L, b, t}, true},
+          {"ln2_rstd", {L, b, t}, true},
+          {"fch", {L, b, t, 4 * C}},
+          {"fch_gelu", {Lgelu, b, t, 4 * C}},
+          {"fcproj", {L, b, t, C}},
+          {"residual3", {L, b, t, C}},
+          {"lnf", {b, t, C}},
+          {"lnf_mean", {b, t}, true},
+          {"lnf_rstd", {b, t}, true},
+          {"logits", {b, t, Vp}},
+          {"losses", {b, t}, true},
+          {"dresidual", {b, t, C}},
+          {"dbtc", {b, t, C}},
+          {"dbt4c", {b, t, 4 * C}},
+          {"dqkv", {b, t, 3 * C}},
+          {"datty", {b, t, C}}};
+}
+
+ModelMemory model_memory(const GPT2Config& cfg, const Backend& be, DType compute, int B, int T,
+                         Recompute r, bool separate_grad_scratch, int64_t shard_numel) {
+  GPT2Config c = cfg;
+  c.padded_vocab_size = c.vp();
+  const DType storage = be.storage_dtype(compute);
+  const DType stat = be.storage_dtype(compute == DType::F64 ? DType::F64 : DType::F32);
+  const int64_t master = dtype_size(compute == DType::F64 ? DType::F64 : DType::F32);
+  const int64_t n = num_parameters(c), ns = shard_numel < 0 ? n : shard_numel;
+  const int64_t ps = dtype_size(storage);
+  ModelMemory m;
+  m.params = n * ps;
+  m.grads = n * ps;
+  m.master = compute == DType::BF16 || compute == DType::F16 ? ns * master : 0;
+  m.adam_mv = 2 * ns * master;
+  m.grad_scratch = separate_grad_scratch ? n * ps : 0;
+  for (const ActivationSpec& s : activation_specs(c, B, T, r))
+    m.activations += shape_numel(s.shape) *
+                     static_cast<int64_t>(dtype_size(s.host ? DType::I32 : s.stat ? stat : storage));
+  return m;
 }
 
 void GPT2::set_recompute(Recompute r) {

@@ -97,6 +97,30 @@ enum class Recompute { kNone, kGelu, kGeluLayernorm };
 Recompute parse_recompute(const std::string& s);  // none | gelu | gelu_layernorm
 const char* recompute_name(Recompute r);
 
+// The activation and backward-scratch tensors forward()/backward() allocate for a
+// micro-batch of B sequences of T tokens, in allocation order: GPT2::ensure_acts allocates
+// exactly this list (so a memory estimate made from it cannot drift from the model), each
+// in the backend's storage format of the compute format (stat: of FP32, or FP64 in fp64
+// mode). Host int32 tokens/targets are included (stat = false, host = true).
+struct ActivationSpec {
+  const char* name;
+  Shape shape;
+  bool stat = false;  // layernorm mean/rstd, lse, losses: FP32 (FP64) storage
+  bool host = false;  // host int32 (tokens, targets)
+};
+std::vector<ActivationSpec> activation_specs(const GPT2Config& c, int B, int T, Recompute r);
+
+// Bytes a GPT2 allocates on `be` (before anything is allocated): parameters, gradients,
+// FP32 master weights (bf16/fp16), AdamW m and v (of an optimizer shard of shard_numel
+// values; < 0: all), the kSeparate scratch gradient buffer when later micro-batches
+// use it, and the activations of activation_specs.
+struct ModelMemory {
+  int64_t params = 0, grads = 0, master = 0, adam_mv = 0, grad_scratch = 0, activations = 0;
+  int64_t total() const { return params + grads + master + adam_mv + grad_scratch + activations; }
+};
+ModelMemory model_memory(const GPT2Config& c, const Backend& be, DType compute, int B, int T,
+                         Recompute r, bool separate_grad_scratch, int64_t shard_numel = -1);
+
 struct OptimConfig {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.0f;  // applied to 2-D weights only (wte, wpe, qkvw, ...)

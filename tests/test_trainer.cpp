@@ -271,6 +271,61 @@ TEST(TrainBadInput, ExistingRunDirectoryIsNotOverwritten) {
   EXPECT_EQ(train_cmd("--config " + path + " --overwrite --set train.max_steps=5").code, 0);
 }
 
+// A run whose memory estimate exceeds the machine's available memory is refused before
+// anything is allocated or written: one line naming the config file and the keys to
+// change, a non-zero exit, and an existing run directory untouched even with --overwrite.
+TEST(TrainBadInput, RunThatCannotFitInMemoryIsRefusedBeforeTouchingTheRunDir) {
+  const std::string dir = (tmp_root() / "toobig").string();
+  const std::string path = write_yaml("toobig.yaml", base_yaml(dir, "fp32"));
+  ASSERT_EQ(train_cmd("--config " + path + " --set train.max_steps=5").code, 0);
+  const std::string metrics = slurp(dir + "/metrics.jsonl");
+  const std::string log = slurp(dir + "/train.log");
+  const std::string ckpt = slurp(latest_checkpoint(dir));
+  // ~600 GB of activations: 4096 sequences of 1024 tokens through 4 layers of width 512
+  // (within the config's own bound on values, train/config.cpp).
+  const Cmd r = train_cmd("--config " + path + " --overwrite --set model.n_layer=4 "
+                          "--set model.n_head=8 --set model.n_embd=512 "
+                          "--set model.max_seq_len=1024 --set train.seq_len=1024 "
+                          "--set train.batch_size=4096");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  for (const char* s : {"toobig.yaml", "train.batch_size 4096", "train.seq_len 1024",
+                        "train.grad_accum_steps", "available"})
+    EXPECT_NE(r.err.find(s), std::string::npos) << s << " in " << r.err;
+  EXPECT_EQ(metrics, slurp(dir + "/metrics.jsonl"));
+  EXPECT_EQ(log, slurp(dir + "/train.log"));
+  EXPECT_EQ(ckpt, slurp(latest_checkpoint(dir)));
+  std::printf("  %s", r.err.c_str());
+}
+
+// train.log says before the first step what the run will hold in memory, and once the
+// steps are measured (STABLETRAIN_TIMING_AFTER_S=0: no 10 s wait) their time and the ETA.
+TEST(TrainLog, MemoryEstimateBeforeTheFirstStepAndOneTimingLine) {
+  const std::string dir = (tmp_root() / "timing").string();
+  const std::string path = write_yaml("timing.yaml", base_yaml(dir, "bf16"));
+  const std::string cmd = "STABLETRAIN_TIMING_AFTER_S=0 " + std::string(ST_TRAIN_BIN) +
+                          " --config " + path + " --set train.log_every=1 >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string log = slurp(dir + "/train.log");
+  const size_t mem = log.find("memory estimate: "), step1 = log.find("step      1/");
+  ASSERT_NE(mem, std::string::npos) << log;
+  ASSERT_NE(step1, std::string::npos) << log;
+  EXPECT_LT(mem, step1);
+  for (const char* s : {"parameters ", "gradients ", "FP32 master weights ", "AdamW m and v ",
+                        "activations (4 x 16) ", "largest transient", "available "})
+    EXPECT_NE(log.find(s, mem), std::string::npos) << s;
+  const size_t t = log.find("timing: ");
+  ASSERT_NE(t, std::string::npos) << log;
+  EXPECT_EQ(log.find("timing: ", t + 1), std::string::npos);  // once
+  // Steps 1-2 are warm-up; step 5, a checkpoint step, is a hook step (hooks.every 100 runs
+  // them at checkpoints too) and is not measured: steps 3, 4 and 6, of 20.
+  const std::string line = log.substr(t, log.find('\n', t) - t);
+  EXPECT_NE(line.find("over steps 3-6 (3 steps); 14 steps left -> ETA "), std::string::npos)
+      << line;
+  EXPECT_LT(log.find("step      6/"), t);
+  EXPECT_LT(t, log.find("step      7/"));
+}
+
 TEST(TrainBadInput, TruncatedAndCorruptCheckpointsAreRefused) {
   const std::string dir = (tmp_root() / "corrupt").string();
   const std::string path = write_yaml("corrupt.yaml", base_yaml(dir, "fp32"));

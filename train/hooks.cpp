@@ -7,6 +7,7 @@
 #include "train/hooks.h"
 
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "analysis/weight_distance.h"
 #include "core/error.h"
 #include "train/hooks_internal.h"
+#include "train/progress.h"
 #include "train/run_io.h"
 #include "train/trainer.h"
 
@@ -24,7 +26,6 @@ namespace fs = std::filesystem;
 
 namespace st {
 
-using detail::kParallelNumel;
 
 // ---------------------------------------------------------------------------------------
 // Hooks
@@ -135,16 +136,37 @@ struct StabilityHooks::Impl {
     const std::vector<float> w = model.master_fp32();
     const HooksSection& h = cfg.hooks;
     std::vector<PowerResult> res(matrices.size());
-    // Big matrices split their matrix-vector products; the small ones run side by side.
-    for (size_t k = 0; k < matrices.size(); ++k)
-      if (slices[matrices[k]].numel() >= kParallelNumel)
-        res[k] = spectral_norm(slices[matrices[k]], w.data(), power[k], h.power_tol,
-                               h.power_iters, k);
-#pragma omp parallel for schedule(dynamic)
-    for (size_t k = 0; k < matrices.size(); ++k)
-      if (slices[matrices[k]].numel() < kParallelNumel)
-        res[k] = spectral_norm(slices[matrices[k]], w.data(), power[k], h.power_tol,
-                               h.power_iters, k);
+    // A progress line at most every 5 s once the hook has run for 5 s (train/progress.h).
+    const auto t0 = std::chrono::steady_clock::now();
+    SlowProgress progress;
+    size_t done = 0;
+    auto finished = [&] {
+#pragma omp critical(st_hooks_progress)
+      {
+        ++done;
+        const double el =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (progress.due(el))
+          log->info("hooks step {}: spectral_norm {}/{} matrices, {:.1f} s", step, done,
+                    matrices.size(), el);
+      }
+    };
+    // One matrix per thread at a time, the biggest first (wte); a matrix's result does
+    // not depend on the threads (hooks_spectral.h), so neither does the order. (Splitting
+    // each product across threads instead costs a fork and join per pass, which stalls
+    // when the cores are shared.)
+    std::vector<size_t> order(matrices.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return slices[matrices[a]].numel() > slices[matrices[b]].numel();
+    });
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < order.size(); ++i) {
+      const size_t k = order[i];
+      res[k] = spectral_norm(slices[matrices[k]], w.data(), power[k], h.power_tol,
+                             h.power_iters, k);
+      finished();
+    }
     LogFile& f = file("spectral.csv", "step,layer,head,matrix,sigma,iters,converged");
     int unconverged = 0;
     for (size_t k = 0; k < matrices.size(); ++k) {

@@ -24,6 +24,7 @@
 #include "io/checkpoint.h"
 #include "model/gpt2.h"
 #include "train/hooks.h"
+#include "train/memory_estimate.h"
 #include "train/run_io.h"
 #include "train/trainer.h"
 
@@ -75,6 +76,7 @@ class Run {
   void refresh_master_cache();  // ZeRO-1, bf16/fp16: rank 0's hooks read master_fp32()
   bool master_is_sharded() const { return model_->sharded() && model_->separate_master(); }
   double grad_sum_squares_global();
+  std::string memory_line() const;  // the estimate and the available memory, one line
   void remove_checkpoint(int64_t step, const std::string& main_path);
   void remove_orphans();
   double evaluate();
@@ -107,6 +109,8 @@ class Run {
   std::string last_ckpt_ = "(none)";
   int64_t last_ckpt_step_ = -1;
   std::vector<float> master_cache_;
+  MemoryEstimate memory_;      // CPU runs: the start-up estimate (train/memory_estimate.h)
+  AvailableMemory available_;
 };
 
 }  // namespace st::detail

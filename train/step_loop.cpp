@@ -21,11 +21,14 @@
 // shard beside it first. Any error ends every rank (Run::abort_all).
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
 #include "backends/cpu_threads.h"
 #include "optim/schedule.h"
+#include "train/memory_estimate.h"
+#include "train/progress.h"
 #include "train/run.h"
 
 namespace st::detail {
@@ -153,6 +156,14 @@ TrainResult Run::go() {
              mc.vocab_size, model_->num_params() / 1e6, cfg_.precision.compute);
   log_->info("data: {}", data_.description);
   for (const std::string& l : data_notes_) log_->info("data: {}", l);
+  if (!memory_.resident.empty()) {
+    if (opt_.console && lead()) {  // already on the console (Run::build): train.log only
+      spdlog::logger file_only("train.log", log_->sinks().front());
+      file_only.info("{}", memory_line());
+    } else {
+      log_->info("{}", memory_line());
+    }
+  }
   const int B = cfg_.train.batch_size, T = cfg_.train.seq_len, A = cfg_.train.grad_accum_steps;
   if (world_ > 1) {
     log_->info("data parallel: {} ranks ({}), {} micro-batches of {} x {} per rank and step, "
@@ -209,6 +220,10 @@ TrainResult Run::go() {
   };
   double tok_time = 0;
   int64_t tok_count = 0;
+  StepTiming timing(step_, [] {  // STABLETRAIN_TIMING_AFTER_S: tests print the line sooner
+    const char* v = std::getenv("STABLETRAIN_TIMING_AFTER_S");
+    return v && *v ? std::atof(v) : StepTiming::kMinSeconds;
+  }());
   if (resume_from_.empty() && hooks_->enabled() && cfg_.hooks.spectral && master_is_sharded())
     refresh_master_cache();
   if (resume_from_.empty() && lead()) hooks_->at_start();
@@ -338,6 +353,8 @@ TrainResult Run::go() {
                  step_, max_steps, loss, lr, st.grad_norm, tps, fmt_duration(eta),
                  st.skipped ? " | skipped (fp16 overflow)" : "");
     }
+    if (timing.add(step_, dt, hook_step, elapsed() - elapsed_prev_))
+      log_->info("{}", timing_line(timing, max_steps - step_));
     const bool last = step_ == stop;
     if ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last) {
       res.val_loss = evaluate();

@@ -14,6 +14,7 @@
 #include <charconv>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -292,6 +293,13 @@ void Run::open_logs() {
   });
 }
 
+std::string Run::memory_line() const {
+  return memory_.line() + "; available " +
+         (available_.bytes < 0 ? std::string("unknown") : format_bytes(available_.bytes)) +
+         " (" + (available_.bytes < 0 ? "neither cgroup nor /proc/meminfo readable" : available_.source) +
+         ")";
+}
+
 void Run::build() {
   check_reference_run(cfg_);
   const DataSpec ds = data_spec(cfg_);
@@ -324,6 +332,20 @@ void Run::build() {
   if (zero_) {
     shard_ = Partition(num_parameters(mc), world_, kSumSquaresChunk);
     shard = {shard_.begin(rank_), shard_.end(rank_)};
+  }
+  // The memory estimate, from the model's own allocation list, before anything is
+  // allocated; a CPU run that cannot fit is refused here, before the run directory is touched.
+  if (be_->device() == Device::CPU) {
+    memory_ = estimate_memory(cfg_, mc, *be_, zero_ ? shard.end - shard.begin : -1, 0);
+    available_ = available_memory();
+    const std::string why = memory_refusal(memory_, available_, cfg_);
+    if (!why.empty()) fail(why);
+    // On the console at once (the model's allocation and initialisation take seconds for
+    // GPT-2 small); train.log gets the line when it opens (Run::go).
+    if (opt_.console && lead()) {
+      std::printf("%s\n", memory_line().c_str());
+      std::fflush(stdout);
+    }
   }
   model_ = std::make_unique<GPT2>(mc, *be_, compute_format(cfg_), ac, loss_scaler_config(cfg_),
                                   shard);
