@@ -717,8 +717,8 @@ std::vector<Case> make_cases(const Cfg& z, DType fmt) {
   }
 
   // ---- elementwise
-  // GELU: the CPU's formula operation for operation, but tanhf (CUDA, <= 2 ulp) and glibc's
-  // may differ in the last FP32 bits, which can move a bf16/fp16 rounding by 1 ulp; the floor
+  // GELU: the CPU's formula operation for operation, but tanhf (CUDA, <= 2 ulp) and the CPU's
+  // tanh (layers/vec_math.h, <= 0.501 ulp) may differ in the last FP32 bits, which can move a bf16/fp16 rounding by 1 ulp; the floor
   // covers 1 + tanh(u) cancelling for large negative x.
   add("gelu_forward", "",
       {out("out", {N, 4 * C}, close_to(1, 8, 1e-6)), in("inp", {N, 4 * C}, 2.0)},
