@@ -2,10 +2,14 @@
 // layout: qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Each (batch, head) pair is one
 // independent head_forward/head_backward (attention/head_cpu.cpp) run in parallel; what
 // the backward needs (P for baseline, the forward's O and lse) is kept per layer.
+// FP32 tensors whose numerics the fast path reproduces (attention/head_fast.h: every
+// `gpu`-rule setting of BF16/FP16/FP32 runs) go through it unless statistics are collected;
+// everything else, and every FP64 run, goes through the lab. The two give the same bits.
 #include <omp.h>
 
 #include "attention/attention_cpu.h"
 #include "attention/head_cpu.h"
+#include "attention/head_fast.h"
 #include "core/error.h"
 
 namespace st {
@@ -31,8 +35,10 @@ void scatter(S* dst_base, size_t row_stride, int b, int h, int T, int hs, size_t
 
 class AttentionCpu : public Attention {
  public:
-  explicit AttentionCpu(const AttentionConfig& cfg) : cfg_(cfg) {}
+  AttentionCpu(const AttentionConfig& cfg, AttentionCpuPath path)
+      : cfg_(cfg), force_lab_(path == AttentionCpuPath::Lab) {}
   std::string name() const override { return attention_kind_name(cfg_.kind); }
+  std::string implementation() const override { return fast_ ? "fast" : "lab"; }
   const std::vector<AttentionHeadStats>& stats() const override { return stats_; }
   void set_collect_stats(bool on) override {
     cfg_.collect_stats = on;
@@ -42,8 +48,11 @@ class AttentionCpu : public Attention {
   void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
                DType fmt) override {
     check_attention_args(out, lse, qkv, n_head);
+    fast_ = false;
     if (qkv.dtype() == DType::F64)
       run_forward<double>(out, lse, qkv, n_head, fmt);
+    else if (fast_applies(n_head, fmt))
+      run_fast_forward(out, lse, qkv, n_head, fmt);
     else
       run_forward<float>(out, lse, qkv, n_head, fmt);
   }
@@ -57,11 +66,119 @@ class AttentionCpu : public Attention {
              "attention backward called without a matching forward");
     if (qkv.dtype() == DType::F64)
       run_backward<double>(dqkv, dout, qkv, n_head, fmt);
+    else if (fast_)
+      run_fast_backward(dqkv, dout, qkv, n_head, fmt);
     else
       run_backward<float>(dqkv, dout, qkv, n_head, fmt);
   }
 
  private:
+  bool fast_applies(int NH, DType fmt) const {
+    if (force_lab_ || cfg_.collect_stats) return false;
+    for (int h = 0; h < NH; ++h)
+      if (!head_fast_eligible(cfg_, cfg_.numerics(fmt, h))) return false;
+    return true;
+  }
+
+  // Per (batch, head): q, k, v gathered into (T, hs) rows rounded to the head's qkv format.
+  static void gather_fast(const float* qkv, int b, int h, int T, int C, int hs, int which,
+                          DType f, float* dst) {
+    const size_t C3 = 3 * static_cast<size_t>(C);
+    for (int t = 0; t < T; ++t) {
+      const float* src = qkv + (static_cast<size_t>(b) * T + t) * C3 + which * C + h * hs;
+      float* d = dst + static_cast<size_t>(t) * hs;
+      if (f == DType::F32)
+        std::copy(src, src + hs, d);
+      else
+        for (int j = 0; j < hs; ++j) d[j] = round_to_float(src[j], f);
+    }
+  }
+
+  HeadFastSaved fast_saved(int bh) {
+    const size_t td = static_cast<size_t>(T_) * HS_;
+    HeadFastSaved sv;
+    sv.o = fo_.data() + bh * td;
+    sv.o32 = fo32_.empty() ? nullptr : fo32_.data() + bh * td;
+    sv.lse = flse_.data() + static_cast<size_t>(bh) * T_;
+    sv.P = fP_.empty() ? nullptr : fP_.data() + bh * static_cast<size_t>(T_) * T_;
+    return sv;
+  }
+
+  void run_fast_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH,
+                        DType fmt) {
+    const int B = static_cast<int>(qkv.dim(0)), T = static_cast<int>(qkv.dim(1));
+    const int C = static_cast<int>(qkv.dim(2) / 3), hs = C / NH;
+    B_ = B, T_ = T, NH_ = NH, HS_ = hs, fmt_ = fmt, fast_ = true;
+    saved_.clear();
+    stats_.clear();
+    const size_t heads = static_cast<size_t>(B) * NH, td = static_cast<size_t>(T) * hs;
+    bool need_o32 = false;
+    for (int h = 0; h < NH; ++h) {
+      const DeltaMode dm = cfg_.numerics(fmt, h).delta;
+      need_o32 |= cfg_.kind != AttentionKind::Baseline &&
+                  (dm == DeltaMode::OFp32 || dm == DeltaMode::OSplit);
+    }
+    fo_.resize(heads * td);
+    flse_.resize(heads * T);
+    if (need_o32) fo32_.resize(heads * td); else fo32_.clear();
+    if (cfg_.kind == AttentionKind::Baseline) fP_.resize(heads * T * T); else fP_.clear();
+    const float* src = qkv.data<float>();
+    float* o = out.data<float>();
+    float* l = lse.data<float>();
+#pragma omp parallel
+    {
+      std::vector<float> q(td), k(td), v(td);
+#pragma omp for schedule(dynamic)
+      for (int bh = 0; bh < B * NH; ++bh) {
+        const int b = bh / NH, h = bh % NH;
+        const AttnNumerics n = cfg_.numerics(fmt, h);
+        gather_fast(src, b, h, T, C, hs, 0, n.qkv, q.data());
+        gather_fast(src, b, h, T, C, hs, 1, n.qkv, k.data());
+        gather_fast(src, b, h, T, C, hs, 2, n.qkv, v.data());
+        const HeadFastSaved sv = fast_saved(bh);
+        head_fast_forward(cfg_, n, T, hs, q.data(), k.data(), v.data(), sv);
+        for (int t = 0; t < T; ++t)
+          std::copy(sv.o + static_cast<size_t>(t) * hs, sv.o + static_cast<size_t>(t + 1) * hs,
+                    o + (static_cast<size_t>(b) * T + t) * C + h * hs);
+        std::copy(sv.lse, sv.lse + T, l + static_cast<size_t>(bh) * T);
+      }
+    }
+  }
+
+  void run_fast_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, int NH,
+                         DType fmt) {
+    const int B = B_, T = T_, C = static_cast<int>(qkv.dim(2) / 3), hs = C / NH;
+    const float* src = qkv.data<float>();
+    const float* dsrc = dout.data<float>();
+    float* dst = dqkv.data<float>();
+    const size_t C3 = 3 * static_cast<size_t>(C), td = static_cast<size_t>(T) * hs;
+#pragma omp parallel
+    {
+      std::vector<float> q(td), k(td), v(td), dO(td), dq(td), dk(td), dv(td);
+#pragma omp for schedule(dynamic)
+      for (int bh = 0; bh < B * NH; ++bh) {
+        const int b = bh / NH, h = bh % NH;
+        const AttnNumerics n = cfg_.numerics(fmt, h);
+        gather_fast(src, b, h, T, C, hs, 0, n.qkv, q.data());
+        gather_fast(src, b, h, T, C, hs, 1, n.qkv, k.data());
+        gather_fast(src, b, h, T, C, hs, 2, n.qkv, v.data());
+        for (int t = 0; t < T; ++t) {
+          const float* g = dsrc + (static_cast<size_t>(b) * T + t) * C + h * hs;
+          for (int j = 0; j < hs; ++j) dO[t * hs + j] = round_to_float(g[j], n.grads);
+        }
+        head_fast_backward(cfg_, n, T, hs, q.data(), k.data(), v.data(), fast_saved(bh),
+                           dO.data(), dq.data(), dk.data(), dv.data());
+        for (int t = 0; t < T; ++t) {
+          float* row = dst + (static_cast<size_t>(b) * T + t) * C3 + h * hs;
+          const size_t at = static_cast<size_t>(t) * hs;
+          std::copy(dq.data() + at, dq.data() + at + hs, row);
+          std::copy(dk.data() + at, dk.data() + at + hs, row + C);
+          std::copy(dv.data() + at, dv.data() + at + hs, row + 2 * static_cast<size_t>(C));
+        }
+      }
+    }
+  }
+
   template <class S>
   void run_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, DType fmt) {
     const int B = static_cast<int>(qkv.dim(0)), T = static_cast<int>(qkv.dim(1));
@@ -127,21 +244,24 @@ class AttentionCpu : public Attention {
 
   AttentionConfig cfg_;
   int64_t B_ = -1, T_ = -1;
-  int NH_ = -1;
+  int NH_ = -1, HS_ = -1;
   DType fmt_ = DType::F32;
-  std::vector<HeadForward> saved_;  // (B * NH) forward results of the last call
+  bool fast_ = false;      // the last forward ran the fast path
+  bool force_lab_;
+  std::vector<HeadForward> saved_;  // (B * NH) forward results of the last call (lab)
+  std::vector<float> fo_, fo32_, flse_, fP_;  // the same for the fast path
   std::vector<AttentionHeadStats> stats_;
 };
 
 }  // namespace
 
-std::unique_ptr<Attention> make_attention_cpu(const AttentionConfig& cfg) {
+std::unique_ptr<Attention> make_attention_cpu(const AttentionConfig& cfg, AttentionCpuPath path) {
   ST_CHECK(cfg.kind == AttentionKind::Baseline || (cfg.block_q >= 0 && cfg.block_k >= 0),
            "attention tiles must be >= 0 (0: one tile per row), got Br=", cfg.block_q,
            " Bc=", cfg.block_k);
   ST_CHECK(cfg.beta >= 1.0, "attention.beta must be >= 1, got ", cfg.beta);
   ST_CHECK(cfg.tie_tol >= 0.0, "attention.tie_tol must be >= 0, got ", cfg.tie_tol);
-  return std::make_unique<AttentionCpu>(cfg);
+  return std::make_unique<AttentionCpu>(cfg, path);
 }
 
 void check_attention_args(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head) {

@@ -108,6 +108,9 @@ class Attention {
   // Turns statistics collection in forward on or off (AttentionConfig::collect_stats).
   // Backends without statistics keep stats() empty.
   virtual void set_collect_stats(bool on) {}
+  // Which implementation ran the last forward, where a backend has more than one (the CPU:
+  // "fast" or "lab", attention/attention_cpu.h); empty otherwise.
+  virtual std::string implementation() const { return ""; }
   // Statistics of the last forward, one entry per head (empty unless collect_stats).
   virtual const std::vector<AttentionHeadStats>& stats() const {
     static const std::vector<AttentionHeadStats> none;

@@ -78,27 +78,8 @@ AttnNumerics numerics_for_rule(RoundingRule rule, DType f, bool flash_like) {
   return n;
 }
 
-double round_fmt(double x, DType f) {
-  switch (f) {
-    case DType::F64: return x;
-    case DType::F32: return static_cast<double>(static_cast<float>(x));
-    case DType::BF16:
-    case DType::F16: {
-      if (!std::isfinite(x)) return static_cast<double>(static_cast<float>(x));
-      // Round to odd at FP32: truncate toward zero (one ULP down in magnitude if the
-      // conversion rounded away; Inf becomes FLT_MAX), then set the last bit if inexact.
-      const float t = static_cast<float>(x);
-      uint32_t u;
-      std::memcpy(&u, &t, 4);
-      if (std::fabs(static_cast<double>(t)) > std::fabs(x)) --u;
-      float tz;
-      std::memcpy(&tz, &u, 4);
-      if (static_cast<double>(tz) != x) u |= 1u;
-      std::memcpy(&tz, &u, 4);
-      return f == DType::BF16 ? round_bf16(tz) : round_fp16(tz);
-    }
-    default: fail("round_fmt: ", dtype_name(f), " is not a floating-point format");
-  }
+void round_fmt_bad_format(DType f) {
+  fail("round_fmt: ", dtype_name(f), " is not a floating-point format");
 }
 
 }  // namespace st

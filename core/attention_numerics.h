@@ -12,6 +12,9 @@
 // Individual formats can be overridden after the rule is applied (e.g. accum: bf16 is the
 // paper's implementation, whose O~ accumulator is a BF16 tensor).
 #pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -62,6 +65,29 @@ AttnNumerics numerics_for_rule(RoundingRule rule, DType f, bool flash_like);
 // x rounded to format f, correctly (one rounding from the exact value): FP32 by the
 // hardware conversion; BF16/FP16 via round-to-odd to FP32 then RNE, which cannot double-round
 // because FP32 keeps at least two more bits than either.
-double round_fmt(double x, DType f);
+// Inline: the attention kernels call it per element.
+[[noreturn]] void round_fmt_bad_format(DType f);
+inline double round_fmt(double x, DType f) {
+  switch (f) {
+    case DType::F64: return x;
+    case DType::F32: return static_cast<double>(static_cast<float>(x));
+    case DType::BF16:
+    case DType::F16: {
+      if (!std::isfinite(x)) return static_cast<double>(static_cast<float>(x));
+      // Round to odd at FP32: truncate toward zero (one ULP down in magnitude if the
+      // conversion rounded away; Inf becomes FLT_MAX), then set the last bit if inexact.
+      const float t = static_cast<float>(x);
+      uint32_t u;
+      std::memcpy(&u, &t, 4);
+      if (std::fabs(static_cast<double>(t)) > std::fabs(x)) --u;
+      float tz;
+      std::memcpy(&tz, &u, 4);
+      if (static_cast<double>(tz) != x) u |= 1u;
+      std::memcpy(&tz, &u, 4);
+      return f == DType::BF16 ? round_bf16(tz) : round_fp16(tz);
+    }
+    default: round_fmt_bad_format(f);
+  }
+}
 
 }  // namespace st
