@@ -133,6 +133,53 @@ StepResult measure_in_child(const GPT2Config& cfg, DType prec, int B, int T, int
   return r;
 }
 
+// The best FP32 GEMM rate of the CPU backend's matmul on `threads` threads over the step's
+// own shapes (M = B*T rows; qkv, attention projection, MLP up and down, LM head), forward
+// and backward each, best of `reps` after a warm-up: the rate at which the step's matmuls
+// could all run at best, in GFLOP/s; `what` names the shape that reached it.
+double gemm_peak_gflops(const GPT2Config& cfg, int B, int T, int threads, std::string& what,
+                        int reps = 3) {
+  auto cpu = make_cpu_backend(threads);
+  const int M = B * T, C = cfg.n_embd;
+  const std::pair<int, int> shapes[] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, cfg.vp()}};
+  Rng rng(3);
+  double best = 0;
+  for (const auto& [K, N] : shapes) {
+    Tensor a = Tensor::empty({M, K}, DType::F32), w = Tensor::empty({N, K}, DType::F32),
+           out = Tensor::empty({M, N}, DType::F32), da = Tensor::empty({M, K}, DType::F32),
+           dw = Tensor::empty({N, K}, DType::F32);
+    for (Tensor* t : {&a, &w, &out, &dw})
+      for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = static_cast<float>(rng.normal());
+    for (int bwd = 0; bwd < 2; ++bwd) {
+      double t_best = 1e30;
+      for (int r = 0; r <= reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (bwd)
+          cpu->matmul_backward(da, dw, Tensor(), out, a, w, DType::F32);
+        else
+          cpu->matmul_forward(out, a, w, Tensor(), DType::F32);
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) t_best = std::min(t_best, sec);
+      }
+      const double rate = (bwd ? 4.0 : 2.0) * M * double(K) * N / t_best / 1e9;
+      if (rate > best) {
+        best = rate;
+        what = std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) +
+               (bwd ? " backward" : " forward");
+      }
+    }
+  }
+  return best;
+}
+
+// Multiply-add work of one training step's matmuls (forward, dinp, dweight: 3 GEMMs of
+// 2 M K N FLOPs each): per layer qkv, attention projection, MLP up and down (12 C^2), and
+// the tied LM head (C x padded vocabulary). Attention's own products are not matmuls here.
+double step_matmul_gflop(const GPT2Config& cfg, int B, int T) {
+  const double C = cfg.n_embd, tokens = double(B) * T;
+  return 6.0 * tokens * (12.0 * cfg.n_layer * C * C + C * cfg.vp()) / 1e9;
+}
+
 // Loss curves of one small model per backend, same init and batches.
 int run_backends(const std::string& data_path, const std::string& precisions, int steps,
                  int threads) {
@@ -348,6 +395,9 @@ int main(int argc, char** argv) {
         theirs.insert(theirs.end(), torch.times.begin(), torch.times.end());
       }
     }
+    std::fprintf(stderr, "GEMM peak (the step's shapes, %d threads) ...\n", threads);
+    std::string peak_shape;
+    const double peak_gflops = gemm_peak_gflops(cfg, B, T, threads, peak_shape);
     double load1[1] = {0};
     getloadavg(load1, 1);
     std::printf("GPT-2 L=%d H=%d C=%d V=%d (%.1fM params), B=%d T=%d, FP32 AdamW step with "
@@ -397,6 +447,22 @@ int main(int argc, char** argv) {
                   tst.mean / fp32);
       std::printf("torch loss %.3f->%.3f (random tokens: ln V = %.3f)\n", torch.first_loss,
                   torch.last_loss, std::log(double(cfg.vocab_size)));
+    }
+    {
+      // The floor the matmuls alone put under any step on these cores.
+      const double gf = step_matmul_gflop(cfg, B, T), floor_s = gf / peak_gflops;
+      double mm = 0;
+      for (int k = 0; k < StepResult::kMaxFamilies && last[0].family[k][0]; ++k)
+        if (std::string(last[0].family[k]) == "matmul") mm = last[0].family_s[k];
+      std::printf("GEMM floor: the step's matmuls are %.1f GFLOP; this backend's FP32 GEMM "
+                  "reaches at best %.1f GFLOP/s here (M x K x N %s, the fastest of the step's "
+                  "shapes forward and backward, best of 3, same run), so no step can take less "
+                  "than %.3f s", gf, peak_gflops, peak_shape.c_str(), floor_s);
+      if (tst.n) std::printf(" = %.2fx PyTorch's step", floor_s / tst.mean);
+      std::printf("\n");
+      if (mm > 0 && precs[0] == DType::F32)
+        std::printf("            measured matmul family %.3f s/step = %.1f GFLOP/s, %.0f%% of "
+                    "that peak\n", mm, gf / mm, 100.0 * gf / mm / peak_gflops);
     }
     std::printf("\nper kernel family, s/step (last round):");
     for (DType d : precs) std::printf(" %10s", dtype_name(d));
