@@ -184,6 +184,7 @@ class AttentionCpu : public Attention {
     const int B = static_cast<int>(qkv.dim(0)), T = static_cast<int>(qkv.dim(1));
     const int C = static_cast<int>(qkv.dim(2) / 3), hs = C / NH;
     B_ = B, T_ = T, NH_ = NH, fmt_ = fmt;
+    for (auto* v : {&fo_, &fo32_, &flse_, &fP_}) std::vector<float>().swap(*v);  // lab's turn
     saved_.assign(static_cast<size_t>(B) * NH, HeadForward{});
     const S* src = qkv.data<S>();
     S* o = out.data<S>();

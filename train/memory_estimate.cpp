@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "attention/head_fast.h"
+
 namespace st {
 
 namespace {
@@ -37,17 +39,28 @@ int64_t read_int(const std::string& path) {
 }  // namespace
 
 int64_t cpu_attention_saved_bytes(const Config& cfg, const GPT2Config& mc, int B, int T) {
-  // What the CPU attention keeps per layer from forward to backward (attention/head_cpu.h
-  // HeadForward, one per sequence and head, FP64): O and O before its last rounding
-  // (2 x T x head_size), lse (T), and for the baseline the materialised P (T x T).
+  // What the CPU attention keeps per layer from forward to backward, per sequence and head:
+  // O and O before its last rounding (2 x T x head_size), lse (T), and for the baseline the
+  // materialised P (T x T). The lab (attention/head_cpu.h HeadForward) holds them in FP64;
+  // the fast path (attention/head_fast.h) in FP32, and O before its rounding only for the
+  // delta modes that read it. A run whose hooks collect attention statistics runs the lab
+  // on hook steps (its buffers replace the fast path's), so the lab's size is its peak.
   const std::vector<AttentionConfig> ac = attention_configs(cfg);
+  const DType compute = compute_format(cfg);
+  const bool lab_steps = cfg.hooks.every > 0 && cfg.hooks.attn_stats;
   const int64_t hs = mc.n_embd / mc.n_head, heads = int64_t(B) * mc.n_head;
   int64_t n = 0;
   for (int l = 0; l < mc.n_layer; ++l) {
     const AttentionConfig& a = ac[ac.size() == 1 ? 0 : l];
-    const int64_t per_head = 2 * int64_t(T) * hs + T +
-                             (a.kind == AttentionKind::Baseline ? int64_t(T) * T : 0);
-    n += heads * per_head * 8;
+    bool fast = compute != DType::F64 && !lab_steps, o32 = false;
+    for (int h = 0; h < mc.n_head && fast; ++h) {
+      const AttnNumerics nh = a.numerics(compute, h);
+      fast = head_fast_eligible(a, nh);
+      o32 |= nh.delta == DeltaMode::OFp32 || nh.delta == DeltaMode::OSplit;
+    }
+    const int64_t P = a.kind == AttentionKind::Baseline ? int64_t(T) * T : 0;
+    n += fast ? heads * ((o32 && a.kind != AttentionKind::Baseline ? 2 : 1) * int64_t(T) * hs + T + P) * 4
+              : heads * (2 * int64_t(T) * hs + T + P) * 8;
   }
   return n;
 }
@@ -191,6 +204,9 @@ std::string memory_refusal(const MemoryEstimate& e, const AvailableMemory& avail
                            const Config& cfg) {
   if (avail.bytes < 0 || e.total() <= avail.bytes) return "";
   const TrainSection& t = cfg.train;
+  bool baseline_attention = false;
+  for (const AttentionConfig& a : attention_configs(cfg))
+    baseline_attention |= a.kind == AttentionKind::Baseline;
   return cfg.source + ": the run needs about " + format_bytes(e.total()) +
          " of memory (for train.batch_size " + std::to_string(t.batch_size) +
          " x train.seq_len " + std::to_string(t.seq_len) + ": activations " +
@@ -201,7 +217,8 @@ std::string memory_refusal(const MemoryEstimate& e, const AvailableMemory& avail
          "); lower train.batch_size or train.seq_len and raise train.grad_accum_steps to keep "
          "the tokens per step (now " +
          std::to_string(static_cast<int64_t>(t.batch_size) * t.seq_len * t.grad_accum_steps) +
-         "), or set train.recompute";
+         "), or set train.recompute" +
+         (baseline_attention ? "; attention.backend flash keeps no T x T probabilities" : "");
 }
 
 }  // namespace st
