@@ -39,6 +39,9 @@ class ThreadTuner {
   // changed (`why` then says from what to what and the measured times).
   bool record(double seconds, std::string* why);
   const std::vector<int>& candidates() const { return cand_; }
+  // True while a probe pass tries candidates (the next step may run at a count that will
+  // not be kept).
+  bool probing() const { return probing_ >= 0; }
 
  private:
   void start_probe(int first);  // a probe pass that measures cand_[first] first

@@ -106,6 +106,25 @@ TEST(ThreadTuner, PicksTheFastestCountAndSaysWhy) {
   EXPECT_EQ(lines[0], "1 threads (s/step: 1 s at 2, 0.4 s at 1)");
 }
 
+TEST(ThreadTuner, ProbingLastsUntilTheChoiceIsMade) {
+  // The trainer leaves probe steps out of its timing line (train/progress.h): probing() must
+  // be true exactly while candidates are being tried, and true again on a re-probe.
+  ThreadTuner t({2, 1}, 10);
+  int probe_steps = 0, first_settled = -1;
+  for (int s = 0; s < 40; ++s) {
+    if (t.probing())
+      ++probe_steps;
+    else if (first_settled < 0)
+      first_settled = s;
+    std::string why;
+    t.record(t.current() == 2 ? 0.3 : 0.5, &why);
+  }
+  EXPECT_GE(first_settled, 2) << "the first pass tries both counts";
+  EXPECT_LE(first_settled, 8);
+  EXPECT_GT(probe_steps, first_settled) << "no re-probe in 40 steps at a period of 10";
+  EXPECT_FALSE(ThreadTuner({1}).probing()) << "one candidate: nothing to probe";
+}
+
 TEST(ThreadTuner, KeepsAllCoresWhenTheyAreFastest) {
   ThreadTuner t({4, 3, 2, 1});
   const auto lines = drive(t, {{4, 0.3}, {3, 0.35}, {2, 0.5}, {1, 0.9}}, 30);

@@ -35,19 +35,22 @@ inline std::string group_thousands(int64_t n) {
 }
 
 // The measured time per training step, printed once: the steps after the invocation's
-// first two (allocation and warm-up), hook steps left out (they carry the hooks' cost), due
-// once at least kMinSteps steps were measured and kMinSeconds passed since the loop began.
+// first two (allocation and warm-up), hook steps and the steps run.threads auto spends
+// trying thread counts left out (they carry the hooks' cost, or run at a count the run will
+// not keep), due once at least kMinSteps steps were measured and kMinSeconds passed since
+// the loop began.
 class StepTiming {
  public:
   static constexpr int kMinSteps = 3;
   static constexpr double kMinSeconds = 10.0;
   explicit StepTiming(int64_t first_step, double min_seconds = kMinSeconds)
       : first_(first_step), min_seconds_(min_seconds) {}
-  // Step s (counted after its update) took dt seconds; hook: a hook step; since_start: the
-  // seconds since the loop began. True exactly once: when the line is due.
-  bool add(int64_t s, double dt, bool hook, double since_start) {
+  // Step s (counted after its update) took dt seconds; excluded: a hook step or a thread-
+  // count probe step; since_start: the seconds since the loop began. True exactly once:
+  // when the line is due.
+  bool add(int64_t s, double dt, bool excluded, double since_start) {
     if (done_) return false;
-    if (s > first_ + 2 && !hook) {
+    if (s > first_ + 2 && !excluded) {
       if (n_ == 0) from_ = s;
       to_ = s;
       ++n_;

@@ -251,6 +251,7 @@ TrainResult Run::go() {
     const int64_t s = step_ + 1;
     inject_fault(rank_, s, "step");
     if (tuner) set_cpu_threads(tuner->current());
+    const bool probe_step = tuner && tuner->probing();
     const auto t0 = std::chrono::steady_clock::now();
     const DataLoader::State data_at_start = train_loader_->state();
     if (lead()) hooks_->begin_step(s);
@@ -353,7 +354,7 @@ TrainResult Run::go() {
                  step_, max_steps, loss, lr, st.grad_norm, tps, fmt_duration(eta),
                  st.skipped ? " | skipped (fp16 overflow)" : "");
     }
-    if (timing.add(step_, dt, hook_step, elapsed() - elapsed_prev_))
+    if (timing.add(step_, dt, hook_step || probe_step, elapsed() - elapsed_prev_))
       log_->info("{}", timing_line(timing, max_steps - step_));
     const bool last = step_ == stop;
     if ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last) {
