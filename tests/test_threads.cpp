@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -58,6 +59,39 @@ TEST(CpuThreads, MatmulBitsDoNotDependOnTheThreadCount) {
     EXPECT_EQ(m.dinp, one.dinp);
     EXPECT_EQ(m.dw, one.dw);
     EXPECT_EQ(m.db, one.db);
+  }
+  set_cpu_threads(before);
+}
+
+TEST(CpuThreads, SumSquaresIsTheChunkedSequentialSum) {
+  // layers/reduce_cpu.cpp runs groups of 8 chunks' chains side by side: every chunk must
+  // still be its own sequential FP64 sum in element order, the chunk sums added in order
+  // (the definition model/gpt2.h's sharded gradient norm relies on), at any thread count.
+  // Sizes: 19 whole chunks and a partial one (2 groups of 8, 3 chunks after them), a
+  // multiple of a group exactly, and less than one chunk.
+  constexpr size_t kChunk = size_t(1) << 16;
+  const int before = cpu_threads();
+  for (const size_t n : {19 * kChunk + 1234, 16 * kChunk, size_t(5000)}) {
+    auto x = randn(n, 11);
+    for (size_t i = 0; i < n; i += 97) x[i] *= 1e4f;  // a wide range, so order matters
+    double want = 0;
+    for (size_t c0 = 0; c0 < n; c0 += kChunk) {
+      double s = 0;
+      for (size_t i = c0; i < std::min(n, c0 + kChunk); ++i)
+        s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+      want += s;
+    }
+    // The same sum in another order differs in the last bits, so equality below means the
+    // order is the chunked one, not a lucky rounding.
+    double other = 0;
+    for (size_t i = n; i-- > 0;) other += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    if (n > kChunk) {
+      EXPECT_NE(other, want) << "n = " << n << ": inputs too tame to tell orders apart";
+    }
+    for (int threads : {1, 2, 3}) {
+      set_cpu_threads(threads);
+      EXPECT_EQ(cpu::sum_squares(x.data(), n), want) << "n = " << n << ", " << threads << " threads";
+    }
   }
   set_cpu_threads(before);
 }
