@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "test_util.h"
+#include "backends/cpu_threads.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/checkpoint.h"
@@ -303,8 +304,10 @@ TEST(TrainBadInput, RunThatCannotFitInMemoryIsRefusedBeforeTouchingTheRunDir) {
 TEST(TrainLog, MemoryEstimateBeforeTheFirstStepAndOneTimingLine) {
   const std::string dir = (tmp_root() / "timing").string();
   const std::string path = write_yaml("timing.yaml", base_yaml(dir, "bf16"));
+  // One thread: no run.threads auto probe steps (TimingLineLeavesOutThreadProbes has them).
   const std::string cmd = "STABLETRAIN_TIMING_AFTER_S=0 " + std::string(ST_TRAIN_BIN) +
-                          " --config " + path + " --set train.log_every=1 >/dev/null 2>&1";
+                          " --config " + path +
+                          " --set train.log_every=1 --set run.threads=1 >/dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   const std::string log = slurp(dir + "/train.log");
   const size_t mem = log.find("memory estimate: "), step1 = log.find("step      1/");
@@ -324,6 +327,31 @@ TEST(TrainLog, MemoryEstimateBeforeTheFirstStepAndOneTimingLine) {
       << line;
   EXPECT_LT(log.find("step      6/"), t);
   EXPECT_LT(t, log.find("step      7/"));
+}
+
+// With run.threads auto the steps that try thread counts run at counts the run may not
+// keep: the timing line starts after the step that reports the choice.
+TEST(TrainLog, TimingLineLeavesOutThreadProbes) {
+  if (cpu_cores_available() < 2) GTEST_SKIP() << "one core: run.threads auto has nothing to try";
+  const std::string dir = (tmp_root() / "timing_auto").string();
+  const std::string path = write_yaml("timing_auto.yaml", base_yaml(dir, "fp32"));
+  const std::string cmd = "STABLETRAIN_TIMING_AFTER_S=0 " + std::string(ST_TRAIN_BIN) +
+                          " --config " + path +
+                          " --set run.threads=auto --set hooks.every=0 >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string log = slurp(dir + "/train.log");
+  const size_t a = log.find("run.threads auto: "), t = log.find("timing: ");
+  ASSERT_NE(a, std::string::npos) << log;
+  ASSERT_NE(t, std::string::npos) << log;
+  // "... step 6: run.threads auto: 2 threads (...)" and "timing: ... over steps 7-9 ...".
+  const size_t sp = log.rfind("step ", a);
+  ASSERT_NE(sp, std::string::npos);
+  const int chosen_at = std::atoi(log.c_str() + sp + 5);
+  const size_t over = log.find("over steps ", t);
+  ASSERT_NE(over, std::string::npos) << log.substr(t, 200);
+  const int from = std::atoi(log.c_str() + over + 11);
+  EXPECT_GT(chosen_at, 2) << log.substr(sp, 120);
+  EXPECT_GT(from, chosen_at) << log.substr(t, 200);
 }
 
 TEST(TrainBadInput, TruncatedAndCorruptCheckpointsAreRefused) {
