@@ -5,9 +5,9 @@
 // (attention/head_cpu.cpp, the reference) step for step: every matmul partial sum is the
 // same FP32 FMA chain in the same order, every other operation the same FP64 expression
 // rounded to the same format, so the results are the lab's bit for bit (tests/
-// test_attention_fast.cpp proves it for every backend, format, rounding override and delta
-// mode it accepts). What it gains: FP32 vectors instead of FP64 values converted at every
-// multiply-add.
+// test_attention_fast.cpp checks it on every backend and format, each single-point override
+// and delta mode it accepts, several tile shapes and tied maxima). What it gains: FP32
+// vectors instead of FP64 values converted at every multiply-add.
 #pragma once
 #include "core/attention.h"
 
