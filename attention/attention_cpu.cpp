@@ -74,24 +74,23 @@ class AttentionCpu : public Attention {
 
  private:
   bool fast_applies(int NH, DType fmt) const {
-    if (force_lab_ || cfg_.collect_stats) return false;
-    for (int h = 0; h < NH; ++h)
-      if (!head_fast_eligible(cfg_, cfg_.numerics(fmt, h))) return false;
-    return true;
+    return !force_lab_ && !cfg_.collect_stats && head_fast_layer(cfg_, fmt, NH).eligible;
   }
 
-  // Per (batch, head): q, k, v gathered into (T, hs) rows rounded to the head's qkv format.
-  static void gather_fast(const float* qkv, int b, int h, int T, int C, int hs, int which,
-                          DType f, float* dst) {
+  // Per (batch, head): q, k and v gathered into (T, hs) rows rounded to format f.
+  static void gather_qkv_fast(const float* qkv, int b, int h, int T, int C, int hs, DType f,
+                              float* q, float* k, float* v) {
     const size_t C3 = 3 * static_cast<size_t>(C);
-    for (int t = 0; t < T; ++t) {
-      const float* src = qkv + (static_cast<size_t>(b) * T + t) * C3 + which * C + h * hs;
-      float* d = dst + static_cast<size_t>(t) * hs;
-      if (f == DType::F32)
-        std::copy(src, src + hs, d);
-      else
-        for (int j = 0; j < hs; ++j) d[j] = round_to_float(src[j], f);
-    }
+    float* dst[3] = {q, k, v};
+    for (int which = 0; which < 3; ++which)
+      for (int t = 0; t < T; ++t) {
+        const float* src = qkv + (static_cast<size_t>(b) * T + t) * C3 + which * C + h * hs;
+        float* d = dst[which] + static_cast<size_t>(t) * hs;
+        if (f == DType::F32)
+          std::copy(src, src + hs, d);
+        else
+          for (int j = 0; j < hs; ++j) d[j] = round_to_float(src[j], f);
+      }
   }
 
   HeadFastSaved fast_saved(int bh) {
@@ -112,15 +111,9 @@ class AttentionCpu : public Attention {
     saved_.clear();
     stats_.clear();
     const size_t heads = static_cast<size_t>(B) * NH, td = static_cast<size_t>(T) * hs;
-    bool need_o32 = false;
-    for (int h = 0; h < NH; ++h) {
-      const DeltaMode dm = cfg_.numerics(fmt, h).delta;
-      need_o32 |= cfg_.kind != AttentionKind::Baseline &&
-                  (dm == DeltaMode::OFp32 || dm == DeltaMode::OSplit);
-    }
     fo_.resize(heads * td);
     flse_.resize(heads * T);
-    if (need_o32) fo32_.resize(heads * td); else fo32_.clear();
+    if (head_fast_layer(cfg_, fmt, NH).keeps_o32) fo32_.resize(heads * td); else fo32_.clear();
     if (cfg_.kind == AttentionKind::Baseline) fP_.resize(heads * T * T); else fP_.clear();
     const float* src = qkv.data<float>();
     float* o = out.data<float>();
@@ -132,9 +125,7 @@ class AttentionCpu : public Attention {
       for (int bh = 0; bh < B * NH; ++bh) {
         const int b = bh / NH, h = bh % NH;
         const AttnNumerics n = cfg_.numerics(fmt, h);
-        gather_fast(src, b, h, T, C, hs, 0, n.qkv, q.data());
-        gather_fast(src, b, h, T, C, hs, 1, n.qkv, k.data());
-        gather_fast(src, b, h, T, C, hs, 2, n.qkv, v.data());
+        gather_qkv_fast(src, b, h, T, C, hs, n.qkv, q.data(), k.data(), v.data());
         const HeadFastSaved sv = fast_saved(bh);
         head_fast_forward(cfg_, n, T, hs, q.data(), k.data(), v.data(), sv);
         for (int t = 0; t < T; ++t)
@@ -159,9 +150,7 @@ class AttentionCpu : public Attention {
       for (int bh = 0; bh < B * NH; ++bh) {
         const int b = bh / NH, h = bh % NH;
         const AttnNumerics n = cfg_.numerics(fmt, h);
-        gather_fast(src, b, h, T, C, hs, 0, n.qkv, q.data());
-        gather_fast(src, b, h, T, C, hs, 1, n.qkv, k.data());
-        gather_fast(src, b, h, T, C, hs, 2, n.qkv, v.data());
+        gather_qkv_fast(src, b, h, T, C, hs, n.qkv, q.data(), k.data(), v.data());
         for (int t = 0; t < T; ++t) {
           const float* g = dsrc + (static_cast<size_t>(b) * T + t) * C + h * hs;
           for (int j = 0; j < hs; ++j) dO[t * hs + j] = round_to_float(g[j], n.grads);

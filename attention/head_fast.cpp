@@ -30,6 +30,18 @@ bool head_fast_eligible(const AttentionConfig& cfg, const AttnNumerics& n) {
          !(cfg.kind == AttentionKind::StabilizedFlash && cfg.tie_shift != TieShift::Beta);
 }
 
+HeadFastLayer head_fast_layer(const AttentionConfig& cfg, DType compute, int n_head) {
+  HeadFastLayer r;
+  r.eligible = true;
+  for (int h = 0; h < n_head; ++h) {
+    const AttnNumerics n = cfg.numerics(compute, h);
+    r.eligible = r.eligible && head_fast_eligible(cfg, n);
+    r.keeps_o32 |= cfg.kind != AttentionKind::Baseline &&
+                   (n.delta == DeltaMode::OFp32 || n.delta == DeltaMode::OSplit);
+  }
+  return r;
+}
+
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();

@@ -19,6 +19,15 @@ namespace st {
 // business (the lab collects them).
 bool head_fast_eligible(const AttentionConfig& cfg, const AttnNumerics& n);
 
+// A layer of n_head heads computing in `compute`: whether every head is eligible, and
+// whether any head's backward reads O before its final rounding (flash with delta o_fp32
+// or o_split), which the caller must then keep (HeadFastSaved::o32).
+struct HeadFastLayer {
+  bool eligible = false;
+  bool keeps_o32 = false;
+};
+HeadFastLayer head_fast_layer(const AttentionConfig& cfg, DType compute, int n_head);
+
 // What the backward needs from the forward, in caller-owned storage.
 struct HeadFastSaved {
   float* o = nullptr;    // (T, d) the stored O, in format n.out

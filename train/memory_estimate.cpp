@@ -52,15 +52,11 @@ int64_t cpu_attention_saved_bytes(const Config& cfg, const GPT2Config& mc, int B
   int64_t n = 0;
   for (int l = 0; l < mc.n_layer; ++l) {
     const AttentionConfig& a = ac[ac.size() == 1 ? 0 : l];
-    bool fast = compute != DType::F64 && !lab_steps, o32 = false;
-    for (int h = 0; h < mc.n_head && fast; ++h) {
-      const AttnNumerics nh = a.numerics(compute, h);
-      fast = head_fast_eligible(a, nh);
-      o32 |= nh.delta == DeltaMode::OFp32 || nh.delta == DeltaMode::OSplit;
-    }
+    const HeadFastLayer fl = head_fast_layer(a, compute, mc.n_head);
     const int64_t P = a.kind == AttentionKind::Baseline ? int64_t(T) * T : 0;
-    n += fast ? heads * ((o32 && a.kind != AttentionKind::Baseline ? 2 : 1) * int64_t(T) * hs + T + P) * 4
-              : heads * (2 * int64_t(T) * hs + T + P) * 8;
+    n += fl.eligible && !lab_steps
+             ? heads * ((fl.keeps_o32 ? 2 : 1) * int64_t(T) * hs + T + P) * 4
+             : heads * (2 * int64_t(T) * hs + T + P) * 8;
   }
   return n;
 }
