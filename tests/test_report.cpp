@@ -1,10 +1,12 @@
 // `report` end to end: two real tiny runs from the `train` binary (metrics.jsonl,
 // checkpoints) plus hook files written here with values chosen to be checked
 // (spectral.csv, attn_stats.csv, delta_drift.csv, events.jsonl); the --text table's order
-// and growth figures, robust CSV reading, the HTML page's sections and notes, weight
-// distances between checkpoints, a render in headless Chromium, bad input, and that nothing
-// but the -o file is written. `RealHooks` trains with hooks.every=5 and reports on the
-// files the trainer's hooks wrote.
+// and growth figures, robust CSV reading, the page's data document against the run files
+// (Δloss exactly, weight distances between checkpoints, the reference chosen on the command
+// line), the page rendered by headless Chromium (no console output, every panel with its
+// expected number of series, a screenshot under the build folder's test_artifacts/),
+// --watch, bad input, and that nothing but the -o file is written. `RealHooks` trains with
+// hooks.every=5 and reports on the files the trainer's hooks wrote.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,11 +15,12 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "test_util.h"
 #include "tools/report/run_data.h"
-#include "tools/report/svg_chart.h"
+#include "tools/report/html_report.h"
 
 namespace fs = std::filesystem;
 using st::test::sh;
@@ -294,46 +297,88 @@ TEST(ReportCsv, HeaderDrivenEmptyFieldsAndIncompleteLines) {
   }
 }
 
-TEST(ReportChart, NiceTicksAndLabels) {
-  using namespace st::report;
-  EXPECT_EQ(nice_ticks(0, 1, 5), (std::vector<double>{0, 0.2, 0.4, 0.6000000000000001, 0.8, 1}));
-  EXPECT_EQ(nice_ticks(1, 300, 4), (std::vector<double>{100, 200, 300}));
-  EXPECT_EQ(log_ticks(1e-3, 2), (std::vector<double>{1e-3, 1e-2, 1e-1, 1}));
-  EXPECT_EQ(tick_label(0.6000000000000001, 0.2), "0.6");
-  EXPECT_EQ(tick_label(20000, 5000), "20k");
-  EXPECT_EQ(tick_label(2.5e-9, 5e-10), "2.5e-9");
-  EXPECT_EQ(log_tick_label(1e-5), "10⁻⁵");
-  EXPECT_EQ(log_tick_label(0.02), "0.02");
-  EXPECT_EQ(short_num(4.0), "4");
-  EXPECT_EQ(short_num(1.2345e-7), "1.23e-7");
-  EXPECT_EQ(esc("a<b&\"c\""), "a&lt;b&amp;&quot;c&quot;");
-}
-
 // ---------------------------------------------------------------- HTML
 
 namespace {
 
-// The chart <svg> elements of a page (class "chart"), each as its text.
-std::vector<std::string> charts(const std::string& html) {
-  std::vector<std::string> out;
-  const std::regex open("<svg[^>]*class=\"chart");
-  for (auto it = std::sregex_iterator(html.begin(), html.end(), open); it != std::sregex_iterator(); ++it) {
-    const size_t a = static_cast<size_t>(it->position()), b = html.find("</svg>", a);
-    out.push_back(html.substr(a, b == std::string::npos ? std::string::npos : b - a));
+// The JSON document the page draws (<script id="report-data">), parsed.
+nlohmann::json page_data(const std::string& html) {
+  const std::string open = "<script id=\"report-data\" type=\"application/json\">";
+  const size_t a = html.find(open);
+  if (a == std::string::npos) return nullptr;
+  const size_t b = html.find("</script>", a);
+  std::string text = html.substr(a + open.size(), b - a - open.size());
+  text = std::regex_replace(text, std::regex("<\\\\/"), "</");
+  return nlohmann::json::parse(text);
+}
+
+// Loss per step of a run's metrics.jsonl (training lines), read here independently.
+std::map<int64_t, double> losses(const fs::path& dir, const char* key) {
+  std::map<int64_t, double> m;
+  std::istringstream in(slurp(dir / "metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains(key) && j.contains("step")) m[j["step"].get<int64_t>()] = j[key].get<double>();
   }
-  return out;
+  return m;
 }
 
-// True when a chart draws something: a line with at least two points, or heatmap cells.
-bool draws(const std::string& svg) {
-  static const std::regex line("<path d=\"M[-0-9.]+ [-0-9.]+[Lh]");  // h: a lone point
-  static const std::regex cell("<rect [^>]*fill=\"#[0-9a-f]{6}\"");
-  return std::regex_search(svg, line) || std::regex_search(svg, cell);
+struct Render {
+  std::string dom, log;
+  std::map<std::string, int> panels;  // data-panel -> data-series
+  fs::path png;
+};
+
+// Renders a page in headless Chromium (Debian `chromium`): the DOM after its scripts ran,
+// the browser's log (every console message of the page is logged as "CONSOLE"), the
+// panels the page drew with their series counts, and a screenshot of the page's top (a
+// test artefact under the build folder's test_artifacts/).
+Render render(const fs::path& html, const std::string& shot_name) {
+  Render r;
+  const std::string chromium = ST_CHROMIUM;
+  EXPECT_TRUE(fs::exists(chromium)) << "chromium not found at " << chromium
+                                    << " (Debian: apt-get install chromium); the render check needs it";
+  const fs::path art = fs::path(ST_ARTIFACT_DIR);
+  fs::create_directories(art);
+  r.png = art / shot_name;
+  const fs::path dom = tmp_root() / (shot_name + ".dom.html"), log = tmp_root() / (shot_name + ".log");
+  const std::string common = "timeout 180 " + chromium +
+                             " --headless=new --no-sandbox --disable-gpu --hide-scrollbars --no-first-run"
+                             " --disable-extensions --enable-logging=stderr --v=0 --virtual-time-budget=5000"
+                             " --user-data-dir=" + q(tmp_root() / "chromium_profile") + " ";
+  const std::string url = "file://" + fs::absolute(html).string();
+  EXPECT_EQ(sh(common + "--window-size=1400,2400 --screenshot=" + q(r.png) + " " + q(url) + " >/dev/null 2>" + q(log)),
+            0) << slurp(log);
+  r.log = slurp(log);
+  EXPECT_EQ(sh(common + "--dump-dom " + q(url) + " >" + q(dom) + " 2>" + q(log)), 0) << slurp(log);
+  r.log += slurp(log);
+  r.dom = slurp(dom);
+  const std::regex re("data-panel=\"([^\"]*)\" data-series=\"([0-9]+)\"");
+  for (auto it = std::sregex_iterator(r.dom.begin(), r.dom.end(), re); it != std::sregex_iterator(); ++it)
+    r.panels[(*it)[1]] = std::stoi((*it)[2]);
+  return r;
 }
 
-// 3 loss charts; run A: 2 W_Q panels, 4 + 4 heatmaps, 4 per-layer + 1 embedding panel,
-// 6 attention panels, 2 drift panels + 2 heatmaps + 2 charts; A vs B: 2 distance charts.
-constexpr size_t kChartsAB = 3 + (2 + 8 + 5) + 6 + (2 + 2 + 2) + 2;
+// A page with no script error: the page's own count, no console output at all (the page
+// logs nothing), nothing blocked or fetched.
+void expect_clean(const Render& r) {
+  EXPECT_NE(r.dom.find("data-rendered=\"1\""), std::string::npos) << "the page's script did not finish";
+  EXPECT_NE(r.dom.find("data-errors=\"0\""), std::string::npos) << "the page caught a script error";
+  EXPECT_EQ(r.log.find("CONSOLE"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("Uncaught"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("net::ERR"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("Refused to"), std::string::npos) << r.log;
+  const std::string p = slurp(r.png);
+  ASSERT_GT(p.size(), 24u) << "no screenshot";
+  EXPECT_EQ(p.substr(1, 3), "PNG");
+  EXPECT_GT(p.size(), 100000u) << "the screenshot is nearly blank";
+}
+
+std::string dump_panels(const std::map<std::string, int>& m) {
+  std::string s;
+  for (const auto& [k, v] : m) s += "  " + k + ": " + std::to_string(v) + "\n";
+  return s;
+}
 
 fs::path html_ab() {
   static const fs::path out = [] {
@@ -347,107 +392,198 @@ fs::path html_ab() {
 
 }  // namespace
 
-TEST(ReportHtml, SectionsChartsAndNotes) {
+TEST(ReportHtml, DataDocumentAgainstTheRunFiles) {
   const auto before_a = snapshot(run_a()), before_b = snapshot(run_b());
   const Cmd r = report(q(run_a()) + " " + q(run_b()) + " -o " + q(tmp_root() / "sections.html"));
   ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("reference run_a"), std::string::npos) << r.out;
   const std::string html = slurp(tmp_root() / "sections.html");
-  ASSERT_FALSE(html.empty());
   // Nothing in the runs was written or removed.
   EXPECT_EQ(before_a, snapshot(run_a()));
   EXPECT_EQ(before_b, snapshot(run_b()));
-
-  for (const char* id : {"loss", "spectral", "attention", "drift", "distance"})
-    EXPECT_NE(html.find(std::string("<section id=\"") + id + "\">"), std::string::npos) << id;
-  const auto svgs = charts(html);
-  EXPECT_EQ(svgs.size(), kChartsAB);
-  for (size_t i = 0; i < svgs.size(); ++i) EXPECT_TRUE(draws(svgs[i])) << "chart " << i << " is empty:\n" << svgs[i];
-  // Header: both runs with their config values.
-  EXPECT_NE(html.find(">run_a<"), std::string::npos);
-  EXPECT_NE(html.find(">run_b<"), std::string::npos);
-  EXPECT_NE(html.find("<td>bf16</td>"), std::string::npos);
-  EXPECT_NE(html.find("<td>fp32</td>"), std::string::npos);
-  EXPECT_NE(html.find("2L · 2H · 32C · T 32 · V 256"), std::string::npos);
-  // Run B has no hook files: one line each.
-  EXPECT_NE(html.find("no spectral.csv: the run had hooks.every: 0"), std::string::npos);
-  EXPECT_NE(html.find("no attn_stats.csv: the run had hooks.every: 0"), std::string::npos);
-  EXPECT_NE(html.find("no delta_drift.csv: the run had hooks.every: 0"), std::string::npos);
-  // Values from the synthetic files, in the hover text.
-  EXPECT_NE(html.find("spike in loss at step 12: 6.5 (mean 4.9 ± 0.1), z 16, action: snapshot"), std::string::npos);
-  EXPECT_NE(html.find("L1 H1: σ 1 → 4 (×4)"), std::string::npos);
-  EXPECT_NE(html.find("L1 H1: |Σ drift| / Σ|drift| = 1 "), std::string::npos);
-  EXPECT_NE(html.find("spectral.csv: skipped an incomplete last line"), std::string::npos);
-  // Weight distances from the two runs' checkpoints at steps 10 and 20.
-  EXPECT_NE(html.find("2 shared checkpoint steps: 10 … 20"), std::string::npos);
-  // Self-contained: no scripts, nothing fetched.
-  EXPECT_EQ(html.find("<script"), std::string::npos);
+  // One offline file: the only scripts are inline, nothing is fetched.
   EXPECT_EQ(html.find("src="), std::string::npos);
   EXPECT_EQ(html.find("href=\"http"), std::string::npos);
   EXPECT_EQ(html.find("url(http"), std::string::npos);
   EXPECT_EQ(html.find("@import"), std::string::npos);
+  EXPECT_NE(html.find("uPlot"), std::string::npos) << "the chart library is not inlined";
+
+  const nlohmann::json d = page_data(html);
+  ASSERT_TRUE(d.is_object()) << "no report-data document";
+  EXPECT_EQ(d["reference"], 0);
+  ASSERT_EQ(d["runs"].size(), 2u);
+  const auto& a = d["runs"][0];
+  const auto& b = d["runs"][1];
+  EXPECT_EQ(a["name"], "run_a");
+  EXPECT_EQ(b["name"], "run_b");
+  EXPECT_EQ(a["config"]["precision.compute"], "bf16");
+  EXPECT_EQ(b["config"]["precision.compute"], "fp32");
+  EXPECT_EQ(a["shape"], "2L · 2H · 32C · T 32 · V 256");
+  // Run B has no hook files: the note says why.
+  EXPECT_EQ(b["files"]["spectral"]["note"], "no spectral.csv: the run had hooks.every: 0");
+  EXPECT_EQ(b["files"]["attn"]["note"], "no attn_stats.csv: the run had hooks.every: 0");
+  EXPECT_EQ(a["files"]["spectral"]["note"], "spectral.csv: skipped an incomplete last line (the run is still writing)");
+  // The loss of every step, and Δloss = B - A at every step, exactly, against the files.
+  const auto la = losses(run_a(), "loss"), lb = losses(run_b(), "loss");
+  ASSERT_EQ(a["train"]["step"].size(), la.size());
+  ASSERT_EQ(b["dloss"]["step"].size(), lb.size());
+  for (size_t i = 0; i < b["dloss"]["step"].size(); ++i) {
+    const int64_t s = b["dloss"]["step"][i];
+    EXPECT_EQ(b["dloss"]["y"][i].get<double>(), lb.at(s) - la.at(s)) << "step " << s;
+  }
+  EXPECT_FALSE(a.contains("dloss")) << "the reference has no Δloss against itself";
+  const auto va = losses(run_a(), "val_loss"), vb = losses(run_b(), "val_loss");
+  ASSERT_EQ(b["dval"]["step"].size(), vb.size());
+  for (size_t i = 0; i < vb.size(); ++i) {
+    const int64_t s = b["dval"]["step"][i];
+    EXPECT_EQ(b["dval"]["y"][i].get<double>(), vb.at(s) - va.at(s));
+  }
+  // The hook files' values, per matrix / stat / field and (layer, head).
+  bool seen_l1h1 = false;
+  for (const auto& x : a["spectral"])
+    if (x["m"] == "wq" && x["l"] == 1 && x["h"] == 1) {
+      seen_l1h1 = true;
+      EXPECT_EQ(x["x"], nlohmann::json({0, 5, 10, 15, 20}));
+      EXPECT_EQ(x["y"].front(), 1.0);
+      EXPECT_EQ(x["y"].back(), 4.0);
+    }
+  EXPECT_TRUE(seen_l1h1);
+  EXPECT_EQ(a["spectral"].size(), 2u + 2 * 4 + 2 * 2 * 4);  // wte wpe, per layer 4, per head 4
+  EXPECT_EQ(a["attn"].size(), 6u * 2 * 2);
+  EXPECT_EQ(a["drift"].size(), 4u * 2 * 2);
+  for (const auto& x : a["drift"]) {
+    if (x["f"] == "delta_drift_cum" && x["l"] == 1 && x["h"] == 1) {
+      EXPECT_NEAR(x["y"].back().get<double>(), 4e-7, 1e-20);
+    }
+  }
+  ASSERT_EQ(a["events"].size(), 1u);
+  EXPECT_EQ(a["events"][0]["text"], "run_a: spike in loss at step 12: 6.5 (mean 4.9 ± 0.1), z 16, action: snapshot");
+  // Weight distances of B against A from the checkpoints of steps 10 and 20.
+  ASSERT_EQ(d["distance"].size(), 1u);
+  const auto& w = d["distance"][0];
+  EXPECT_EQ(w["run"], 1);
+  EXPECT_EQ(w["against"], 0);
+  EXPECT_EQ(w["pairs"], nlohmann::json::parse(R"([{"a":10,"b":10},{"a":20,"b":20}])"));
+  EXPECT_NE(w["pairing"].get<std::string>().find("the same step in both runs"), std::string::npos) << w["pairing"];
+  size_t positive = 0;
+  for (const auto& x : w["series"]) {
+    EXPECT_EQ(x["x"], nlohmann::json({10, 20}));
+    for (const auto& v : x["max"]) positive += v.is_number() && v.get<double>() > 0;
+  }
+  EXPECT_GT(positive, 10u) << "bf16 and fp32 runs of other seeds have the same weights?";
+}
+
+TEST(ReportHtml, ReferenceOnTheCommandLine) {
+  const fs::path out = tmp_root() / "ref_b.html";
+  for (const std::string& ref : {q(run_b()), std::string("run_b")}) {
+    const Cmd r = report(q(run_a()) + " " + q(run_b()) + " --reference " + ref + " -o " + q(out));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json d = page_data(slurp(out));
+    EXPECT_EQ(d["reference"], 1);
+    EXPECT_TRUE(d["runs"][0].contains("dloss"));
+    EXPECT_FALSE(d["runs"][1].contains("dloss"));
+    EXPECT_EQ(d["distance"][0]["run"], 0);
+    EXPECT_EQ(d["distance"][0]["against"], 1);
+  }
+  const Cmd bad = report(q(run_a()) + " " + q(run_b()) + " --reference run_z -o " + q(out));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("--reference 'run_z' is none of the runs given"), std::string::npos) << bad.err;
+  EXPECT_EQ(count(bad.err, "\n"), 1u) << bad.err;
+}
+
+TEST(ReportHtml, CheckpointPairsExactElseNearest) {
+  using st::report::checkpoint_pairs;
+  auto steps = [](std::initializer_list<int64_t> s) {
+    std::map<int64_t, std::string> m;
+    for (int64_t x : s) m[x] = "f";
+    return m;
+  };
+  auto flat = [](const std::vector<st::report::CheckpointPair>& v) {
+    std::vector<std::pair<int64_t, int64_t>> o;
+    for (const auto& p : v) o.emplace_back(p.step_a, p.step_b);
+    return o;
+  };
+  using V = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(flat(checkpoint_pairs(steps({10, 20, 30}), steps({20, 30, 40}), 0)), (V{{20, 20}, {30, 30}}));
+  // None shared: each of B's steps with A's nearest, the earlier on a tie.
+  EXPECT_EQ(flat(checkpoint_pairs(steps({10, 20, 30}), steps({15, 24, 99}), 0)), (V{{10, 15}, {20, 24}, {30, 99}}));
+  EXPECT_EQ(flat(checkpoint_pairs(steps({50}), steps({5, 60}), 0)), (V{{50, 5}, {50, 60}}));
+  EXPECT_TRUE(checkpoint_pairs(steps({}), steps({5}), 0).empty());
+  // At most N, evenly spaced, first and last kept.
+  std::map<int64_t, std::string> many;
+  for (int s = 1; s <= 100; ++s) many[s] = "f";
+  const V few = flat(checkpoint_pairs(many, many, 4));
+  EXPECT_EQ(few, (V{{1, 1}, {34, 34}, {67, 67}, {100, 100}}));
 }
 
 TEST(ReportHtml, IdenticalRunsHaveZeroDistanceAndOneRunSaysSo) {
-  // A copy of run B's checkpoints: the distance section says the weights are identical.
+  // A copy of run B's checkpoints: every distance is zero.
   const fs::path copy = tmp_root() / "run_b_copy";
   fs::remove_all(copy);
   fs::copy(run_b(), copy, fs::copy_options::recursive);
   const Cmd r = report(q(run_b()) + " " + q(copy) + " -o " + q(tmp_root() / "same.html"));
   ASSERT_EQ(r.code, 0) << r.err;
-  const std::string html = slurp(tmp_root() / "same.html");
-  EXPECT_NE(html.find("identical at every compared step"), std::string::npos);
+  const nlohmann::json d = page_data(slurp(tmp_root() / "same.html"));
   // Same run.name twice: the names are told apart by directory.
-  EXPECT_NE(html.find("run_b (" + copy.string() + ")"), std::string::npos);
+  EXPECT_EQ(d["runs"][1]["name"], "run_b (" + copy.string() + ")");
+  ASSERT_EQ(d["distance"].size(), 1u);
+  size_t values = 0;
+  for (const auto& x : d["distance"][0]["series"])
+    for (const char* k : {"w1n", "max"})
+      for (const auto& v : x[k]) {
+        EXPECT_EQ(v, 0.0);
+        ++values;
+      }
+  EXPECT_GT(values, 50u);
+  EXPECT_EQ(d["runs"][1]["dloss"]["y"].size(), d["runs"][0]["train"]["loss"].size());
+  for (const auto& v : d["runs"][1]["dloss"]["y"]) EXPECT_EQ(v, 0.0);
 
   const Cmd one = report(q(run_b()) + " -o " + q(tmp_root() / "one.html"));
   ASSERT_EQ(one.code, 0) << one.err;
-  const std::string h1 = slurp(tmp_root() / "one.html");
-  EXPECT_NE(h1.find("one run given"), std::string::npos);
-  EXPECT_EQ(charts(h1).size(), 3u) << "a run without hook files has the three loss charts only";
+  const nlohmann::json d1 = page_data(slurp(tmp_root() / "one.html"));
+  EXPECT_EQ(d1["distance_notes"][0], "one run given: pass two or more runs to compare their weights");
 }
 
 TEST(ReportHtml, RendersInChromium) {
-  const std::string chromium = ST_CHROMIUM;
-  ASSERT_TRUE(fs::exists(chromium)) << "chromium not found at " << chromium
-                                    << " (Debian: apt-get install chromium); the render check needs it";
-  const fs::path html = html_ab();
-  const fs::path png = tmp_root() / "ab.png", dom = tmp_root() / "ab_dom.html", log = tmp_root() / "chromium.log";
-  const std::string common = "timeout 180 " + chromium +
-                             " --headless=new --no-sandbox --disable-gpu --hide-scrollbars --no-first-run"
-                             " --disable-extensions --enable-logging=stderr --v=0 --user-data-dir=" +
-                             q(tmp_root() / "chromium_profile") + " ";
-  const std::string url = "file://" + html.string();
-  ASSERT_EQ(sh(common + "--window-size=1400,4000 --screenshot=" + q(png) + " " + q(url) + " >/dev/null 2>" + q(log)), 0)
-      << slurp(log);
-  const std::string log1 = slurp(log);
-  ASSERT_EQ(sh(common + "--dump-dom " + q(url) + " >" + q(dom) + " 2>" + q(log)), 0) << slurp(log);
-  const std::string log2 = slurp(log);
-
-  // The screenshot: a PNG of the window's size with real content.
-  const std::string p = slurp(png);
-  ASSERT_GT(p.size(), 24u) << "no screenshot";
-  EXPECT_EQ(p.substr(1, 3), "PNG");
-  auto be32 = [&](size_t at) {
-    return (uint32_t(uint8_t(p[at])) << 24) | (uint32_t(uint8_t(p[at + 1])) << 16) |
-           (uint32_t(uint8_t(p[at + 2])) << 8) | uint32_t(uint8_t(p[at + 3]));
+  const Render r = render(html_ab(), "report_ab.png");
+  expect_clean(r);
+  // Run A (synthetic hook files, no grad_norms.csv) and run B (no hooks), both with
+  // validation losses: the panels and series the page must draw.
+  const std::map<std::string, int> want = {
+      {"loss", 4},  // two runs' training loss, two runs' validation loss
+      {"dloss", 1}, {"dval", 1}, {"grad_norm", 2}, {"lr", 2},
+      {"spectral:wq:L0", 2}, {"spectral:wq:L1", 2},  // run A's two heads
+      {"attention:max_logit:L0", 2}, {"attention:max_logit:L1", 2},
+      {"drift:delta_drift_cum:L0", 2}, {"drift:delta_drift_cum:L1", 2},
+      {"distance:w1n:qkvw:L0", 1}, {"distance:w1n:qkvw:L1", 1},  // run B against run A
   };
-  EXPECT_EQ(be32(16), 1400u);
-  EXPECT_EQ(be32(20), 4000u);
-  EXPECT_GT(p.size(), 100000u) << "the screenshot is nearly blank";
+  EXPECT_EQ(r.panels, want) << dump_panels(r.panels);
+  EXPECT_NE(r.dom.find("Training stability report"), std::string::npos);
+  EXPECT_NE(r.dom.find("no spectral.csv: the run had hooks.every: 0"), std::string::npos);
+  std::printf("  screenshot %s, %zu panels\n", r.png.c_str(), r.panels.size());
 
-  // The DOM Chromium built holds every chart, each drawing something.
-  const std::string d = slurp(dom);
-  const auto svgs = charts(d);
-  EXPECT_EQ(svgs.size(), kChartsAB);
-  for (size_t i = 0; i < svgs.size(); ++i) EXPECT_TRUE(draws(svgs[i])) << "chart " << i;
-  EXPECT_NE(d.find("Training stability report"), std::string::npos);
-  // No script errors, nothing blocked or fetched.
-  for (const std::string& l : {log1, log2}) {
-    EXPECT_EQ(l.find("Uncaught"), std::string::npos) << l;
-    EXPECT_EQ(l.find("net::ERR"), std::string::npos) << l;
-    EXPECT_EQ(l.find("Refused to"), std::string::npos) << l;
-  }
-  std::printf("  screenshot %s (%zu bytes), %zu charts in the DOM\n", png.c_str(), p.size(), svgs.size());
+  // Identical runs: the page says so in words.
+  const Render same = render(tmp_root() / "same.html", "report_same.png");
+  expect_clean(same);
+  EXPECT_NE(same.dom.find("the weights are identical to the reference at every compared step"), std::string::npos);
+}
+
+TEST(ReportHtml, WatchRewritesThePageUntilInterrupted) {
+  const fs::path out = tmp_root() / "watch.html", log = tmp_root() / "watch.out";
+  fs::remove(out);
+  // Rewritten every second; after 3.5 s SIGINT ends it with a line saying so.
+  const int code = sh("( " + std::string(ST_REPORT_BIN) + " " + q(run_b()) + " --no-checkpoints --watch 1 -o " +
+                      q(out) + " >" + q(log) + " 2>&1 & pid=$!; sleep 1.5; a=$(stat -c %Y.%s " + q(out) +
+                      "); sleep 2; kill -INT $pid; wait $pid; echo \"exit=$?\" >>" + q(log) + " )");
+  EXPECT_EQ(code, 0);
+  const std::string o = slurp(log);
+  EXPECT_NE(o.find("rewritten every 1 s until Ctrl-C"), std::string::npos) << o;
+  EXPECT_NE(o.find("report: stopped watching"), std::string::npos) << o;
+  EXPECT_NE(o.find("exit=0"), std::string::npos) << o;
+  const nlohmann::json d = page_data(slurp(out));
+  ASSERT_TRUE(d.is_object());
+  EXPECT_EQ(d["refresh_s"], 1);
+  EXPECT_FALSE(fs::exists(out.string() + ".tmp")) << "the temporary file was left behind";
 }
 
 // ---------------------------------------------------------------- bad input
@@ -495,7 +631,7 @@ TEST(ReportBadInput, CorruptHookFilesAreOneLineErrors) {
       {"spectral.csv", "60,2147483647,0,wq,1.0,3,1", "field 'layer' = '2147483647': expected a layer index in [0, 1]"},
       {"spectral.csv", "60,0,2147483647,wq,1.0,3,1", "field 'head' = '2147483647'"},
       {"spectral.csv", "60,2,0,wq,1.0,3,1", "field 'layer' = '2'"},
-      {"spectral.csv", "60,-1,0,wq,1.0,3,1", "field 'layer' = '-1'"},
+      {"spectral.csv", "60,-2,0,wq,1.0,3,1", "field 'layer' = '-2'"},
       {"spectral.csv", "60,1e300,0,wq,1.0,3,1", "field 'layer' = '1e300'"},
       {"spectral.csv", "60,0,0,wq,1.0x,3,1", "field 'sigma' = '1.0x': expected a number"},
       {"spectral.csv", "60,0,0,wq", "4 fields ('60,0,0,wq'), expected 7"},
@@ -584,12 +720,47 @@ TEST(RealHooks, ReportOnARunWithHooksEvery5) {
   const fs::path out = tmp_root() / "hooks.html";
   const Cmd h = report(q(dir) + " " + q(run_a()) + " -o " + q(out));
   ASSERT_EQ(h.code, 0) << h.err;
-  const std::string html = slurp(out);
-  for (const char* f : {"no spectral.csv", "no attn_stats.csv", "no delta_drift.csv", "could not be read"})
-    EXPECT_EQ(html.find(f), std::string::npos) << f;
-  const auto svgs = charts(html);
-  // Both runs have every hook file: twice the per-run charts of run A, plus loss and distance.
-  EXPECT_EQ(svgs.size(), kChartsAB + (2 + 8 + 5) + 6 + (2 + 2 + 2));
-  for (size_t i = 0; i < svgs.size(); ++i) EXPECT_TRUE(draws(svgs[i])) << "chart " << i;
+  const nlohmann::json d = page_data(slurp(out));
+  const auto& run = d["runs"][0];
+  for (const char* f : {"spectral", "attn", "drift", "grad"})
+    EXPECT_TRUE(run["files"][f]["present"].get<bool>()) << f << ": " << run["files"][f]["note"];
+  std::set<std::string> mats, stats;
+  for (const auto& x : run["spectral"]) mats.insert(x["m"]);
+  for (const auto& x : run["attn"]) stats.insert(x["s"]);
+  EXPECT_EQ(mats, (std::set<std::string>{"wq", "wk", "wv", "wo", "qkvw", "attprojw", "fcw", "fcprojw", "wte", "wpe"}));
+  EXPECT_EQ(stats, (std::set<std::string>{"max_logit", "tied_row_frac", "tied_in_tile_frac", "p_one", "p_tilde_one",
+                                          "entropy"}));
+  // Gradient norm per layer = the L2 norm over the layer's tensors in grad_norms.csv
+  // (per-head slices left out), recomputed here from the file.
+  std::map<std::pair<int64_t, int>, double> g2;
+  {
+    std::istringstream in(slurp(dir / "grad_norms.csv"));
+    std::string line;
+    std::getline(in, line);
+    ASSERT_EQ(line, "step,tensor,layer,head,norm");
+    while (std::getline(in, line)) {
+      const auto f = st::report::split_csv_line(line);
+      ASSERT_EQ(f.size(), 5u) << line;
+      const int layer = f[2].empty() ? -1 : std::stoi(f[2]), head = f[3].empty() ? -1 : std::stoi(f[3]);
+      if (head < 0) g2[{std::stoll(f[0]), layer}] += std::stod(f[4]) * std::stod(f[4]);
+    }
+  }
+  ASSERT_EQ(run["grad"].size(), 3u);  // embeddings, L0, L1
+  size_t checked = 0;
+  for (const auto& g : run["grad"])
+    for (size_t i = 0; i < g["x"].size(); ++i, ++checked)
+      EXPECT_NEAR(g["y"][i].get<double>(), std::sqrt(g2.at({g["x"][i].get<int64_t>(), g["l"].get<int>()})),
+                  1e-12 * g["y"][i].get<double>());
+  EXPECT_EQ(checked, g2.size());
+
+  // Both runs drawn on shared panels: run_hooks' and run A's heads in one spectral panel.
+  const Render r = render(out, "report_hooks.png");
+  expect_clean(r);
+  EXPECT_EQ(r.panels.at("grad:embeddings"), 1);
+  EXPECT_EQ(r.panels.at("grad:L1"), 1);
+  EXPECT_EQ(r.panels.at("spectral:wq:L0"), 4);
+  EXPECT_EQ(r.panels.at("attention:max_logit:L1"), 4);
+  EXPECT_EQ(r.panels.at("drift:delta_drift_cum:L1"), 4);
+  EXPECT_EQ(r.panels.at("loss"), 4);
 }
 

@@ -1,15 +1,21 @@
 // report: a stability report of one or more training runs.
-//   report RUN [RUN ...] -o report.html [--max-checkpoints N] [--no-checkpoints]
+//   report RUN [RUN ...] -o report.html [--reference RUN] [--watch SECONDS]
+//          [--max-checkpoints N] [--no-checkpoints]
 //   report --text RUN [RUN ...] [--matrix wq|wk|wv|wo] [--top N]
-// The HTML page is one self-contained file (inline CSS and SVG, no scripts, nothing
-// fetched): the runs' configs, loss curves with spike events, spectral norms, attention
-// statistics, delta drift, and weight distances between the runs' checkpoints (against the
-// first run) — see tools/report/html_report.h; the inputs are the run files of
+// The HTML page is one offline file (tools/report/html_report.h): the runs' data as JSON,
+// drawn by the page's script with the inlined uPlot. Everything is compared against the
+// reference run (--reference, default the first): Δloss, weight distances from the
+// checkpoints. --watch rewrites the page every SECONDS (atomically) and the page reloads
+// itself, keeping its settings, for a run in progress. The inputs are the run files of
 // docs/run_files.md, every one but metrics.jsonl optional. --text prints the spectral-norm
 // table (largest heads first, sigma at the first and last hook step, growth). Nothing but
 // the -o file is written.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
 
 #include <cerrno>
 #include <cstdio>
@@ -47,6 +53,49 @@ void check_output(const std::string& out) {
     st::fail("cannot write -o '", out, "': folder '", dir.string(), "' is not writable");
 }
 
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+// The reference run's index: a directory given as a run (same path once made canonical),
+// or a run's name (run.name, else its directory's name).
+size_t reference_index(const std::vector<std::string>& dirs, const std::vector<st::report::RunData>& runs,
+                       const std::string& ref) {
+  if (ref.empty()) return 0;
+  std::error_code ec;
+  const fs::path want = fs::weakly_canonical(ref, ec);
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    std::error_code e2;
+    if (!ec && fs::weakly_canonical(dirs[i], e2) == want && !e2) return i;
+  }
+  std::vector<size_t> by_name;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].name == ref) by_name.push_back(i);
+  if (by_name.size() == 1) return by_name[0];
+  if (by_name.size() > 1) st::fail("--reference '", ref, "' names ", by_name.size(), " runs; give its directory");
+  std::string given;
+  for (const auto& d : dirs) given += (given.empty() ? "" : ", ") + d;
+  st::fail("--reference '", ref, "' is none of the runs given (", given, "); give one of their directories or names");
+}
+
+// Writes `text` to `out` through a temporary file in the same folder and a rename, so a
+// browser reloading the page never reads half of it.
+void write_atomically(const std::string& out, const std::string& text) {
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) st::fail("cannot write '", tmp, "': ", std::strerror(errno));
+    f << text;
+    f.close();
+    if (!f) st::fail("writing '", tmp, "' failed: ", std::strerror(errno));
+  }
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) {
+    fs::remove(tmp);
+    st::fail("cannot replace -o '", out, "': ", ec.message());
+  }
+}
+
 std::string now_text() {
   const std::time_t t = std::time(nullptr);
   char b[64];
@@ -59,17 +108,23 @@ std::string now_text() {
 int main(int argc, char** argv) {
   CLI::App app{"report: an HTML stability report of training runs, or the spectral-norm table (--text)"};
   std::vector<std::string> runs;
-  std::string out, matrix = "wq";
+  std::string out, matrix = "wq", reference;
   bool text = false, no_ckpt = false;
-  int top = 0;
+  int top = 0, watch = 0;
   size_t max_ckpt = 24;
-  app.add_option("runs", runs, "run directories (the first is the reference for weight distances)")->required();
+  app.add_option("runs", runs, "run directories")->required();
   app.add_option("-o,--output", out, "HTML file to write");
+  app.add_option("--reference", reference,
+                 "the run the others are compared against (Δloss, weight distances): one of the run directories "
+                 "or run names given; default the first");
+  app.add_option("--watch", watch,
+                 "rewrite the page every SECONDS until interrupted; the page reloads itself (a run in progress)")
+      ->check(CLI::Range(1, 86400));
   app.add_flag("--text", text, "print the spectral-norm table of each run instead of writing HTML");
   app.add_option("--matrix", matrix, "--text: the per-head matrix")->capture_default_str()
       ->check(CLI::IsMember({"wq", "wk", "wv", "wo"}));
   app.add_option("--top", top, "--text: at most N heads (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--max-checkpoints", max_ckpt, "checkpoint steps compared per pair of runs (evenly spaced)")
+  app.add_option("--max-checkpoints", max_ckpt, "checkpoint pairs compared per run (evenly spaced)")
       ->capture_default_str()
       ->check(CLI::Range(2, 100000));
   app.add_flag("--no-checkpoints", no_ckpt, "do not read checkpoints (weight distances from wasserstein.csv only)");
@@ -77,6 +132,7 @@ int main(int argc, char** argv) {
   try {
     if (text) {
       if (!out.empty()) st::fail("--text prints to the terminal; -o is for the HTML report");
+      if (watch) st::fail("--watch rewrites an HTML report; it does not go with --text");
       std::vector<st::report::RunData> data;
       for (const auto& r : runs) data.push_back(st::report::load_run(r));
       for (size_t i = 0; i < data.size(); ++i) {
@@ -87,22 +143,34 @@ int main(int argc, char** argv) {
     }
     if (out.empty()) st::fail("no output file: give -o report.html (or --text for the terminal table)");
     check_output(out);
-    std::vector<st::report::RunData> data;
-    for (const auto& r : runs) data.push_back(st::report::load_run(r));
-    st::report::HtmlOptions opt;
-    opt.max_checkpoint_pairs = max_ckpt;
-    opt.compare_checkpoints = !no_ckpt;
-    opt.generated = now_text();
-    const std::string html = st::report::html_report(data, opt, stderr);
-    {
-      std::ofstream f(out, std::ios::binary | std::ios::trunc);
-      if (!f) st::fail("cannot write -o '", out, "': ", std::strerror(errno));
-      f << html;
-      f.close();
-      if (!f) st::fail("writing -o '", out, "' failed: ", std::strerror(errno));
+    if (watch) {
+      std::signal(SIGINT, on_signal);
+      std::signal(SIGTERM, on_signal);
     }
-    std::printf("report: %s (%zu run%s, %.0f kB)\n", out.c_str(), data.size(), data.size() == 1 ? "" : "s",
-                static_cast<double>(html.size()) / 1024.0);
+    for (int round = 0;; ++round) {
+      std::vector<st::report::RunData> data;
+      for (const auto& r : runs) data.push_back(st::report::load_run(r));
+      st::report::HtmlOptions opt;
+      opt.reference = reference_index(runs, data, reference);
+      opt.max_checkpoint_pairs = max_ckpt;
+      opt.compare_checkpoints = !no_ckpt;
+      opt.generated = now_text();
+      opt.refresh_s = watch;
+      const std::string html = st::report::html_report(data, opt, round == 0 ? stderr : nullptr);
+      write_atomically(out, html);
+      const std::string every = watch ? "; rewritten every " + std::to_string(watch) + " s until Ctrl-C" : "";
+      if (round == 0)
+        std::printf("report: %s (%zu run%s, reference %s, %.0f kB)%s\n", out.c_str(), data.size(),
+                    data.size() == 1 ? "" : "s", data[opt.reference].name.c_str(),
+                    static_cast<double>(html.size()) / 1024.0, every.c_str());
+      std::fflush(stdout);
+      if (!watch) break;
+      for (int t = 0; t < watch * 10 && !g_stop; ++t) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (g_stop) {
+        std::printf("report: stopped watching; %s is the page of %s\n", out.c_str(), now_text().c_str());
+        break;
+      }
+    }
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "report: error: out of memory while reading the runs or building the"
                          " report (try --no-checkpoints, or fewer runs)\n");

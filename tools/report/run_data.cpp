@@ -111,7 +111,7 @@ struct RowCtx {
   }
   // A layer / head index below `n`; empty: -1 (a whole-model tensor).
   int index(int c, int n, const char* what) const {
-    if (at(c).empty()) return -1;
+    if (at(c).empty() || at(c) == "-1") return -1;  // not per layer / head (older files: empty)
     return static_cast<int>(integer(c, 0, n - 1, "a " + std::string(what) + " index in [0, " +
                                                       std::to_string(n - 1) + "] (" + what +
                                                       "s of the run: " + std::to_string(n) + ")"));
@@ -474,6 +474,19 @@ RunData load_run(const std::string& dir) {
       d.dwq_rel_err = x.number(cr);
       d.cos_prev = x.number(cc);
       r.drift.push_back(d);
+    }
+  });
+  optional_csv(dir, "grad_norms.csv", r.grad_state, r, [&](const CsvTable& t, const std::string& p) {
+    const auto c = need_cols(t, p, {"step", "tensor", "layer", "head", "norm"});
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const RowCtx x{p, t, i};
+      GradRow g;
+      g.step = x.step(c[0]);
+      g.tensor = x.at(c[1]);
+      g.layer = x.index(c[2], L, "layer");
+      g.head = x.index(c[3], H, "head");
+      g.norm = x.number(c[4]);
+      r.grad.push_back(g);
     }
   });
   optional_csv(dir, "wasserstein.csv", r.wasserstein_state, r, [&](const CsvTable& t, const std::string& p) {

@@ -53,6 +53,12 @@ struct DriftRow {
   int layer = -1, head = -1;
   double drift = 0, cum = 0, abs_err = 0, dwq_err_norm = 0, dwq_rel_err = 0, cos_prev = 0;
 };
+struct GradRow {  // grad_norms.csv
+  int64_t step = 0;
+  std::string tensor;
+  int layer = -1, head = -1;
+  double norm = 0;
+};
 struct DistRow {  // wasserstein.csv, or computed from two runs' checkpoints
   int64_t step = 0;
   std::string tensor;
@@ -97,6 +103,8 @@ struct RunData {
   FileState attn_state;
   std::vector<DriftRow> drift;
   FileState drift_state;
+  std::vector<GradRow> grad;
+  FileState grad_state;
   std::vector<DistRow> wasserstein;
   FileState wasserstein_state;
 
