@@ -2,7 +2,9 @@
 // on hand-computed cases and against an independent CDF-integral formula, the weight slices'
 // layout, and `compare` end to end on tiny runs of the real `train` binary (identical runs
 // give exactly 0, other seeds are cross-checked against scipy by an independent Python
-// reader, and every class of bad input gives one line on stderr and writes nothing).
+// reader, checkpoints of different steps are paired exactly or with the nearest step, runs
+// of different lengths, shapes or without checkpoints still compare their losses, and every
+// class of bad input gives one line on stderr and writes nothing).
 //
 // Suite names start with "compare_" so that `ctest -R compare` selects them all.
 #include <gtest/gtest.h>
@@ -14,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -98,10 +101,11 @@ Cmd run_cmd(const std::string& cmd) {
 Cmd compare(const std::string& args) { return run_cmd(std::string(ST_COMPARE_BIN) + " " + args); }
 
 // A tiny byte-level run (about 0.2 s): 20 steps, checkpoints at 10 and 20, evaluations at 10
-// and 20. `sets` are train --set overrides. Trained once per test process.
+// and 20. `sets` are train --set overrides. Trained once per test process (per name).
 std::string train_run(const std::string& name, const std::string& sets = "") {
   const fs::path dir = tmp_root() / name;
-  if (fs::exists(dir / "ckpt_00000020.bin")) return dir.string();
+  static std::set<std::string> trained;
+  if (!trained.insert(name).second) return dir.string();
   const fs::path cfg = tmp_root() / "base.yaml";
   if (!fs::exists(cfg)) {
     std::ofstream(cfg)
@@ -121,8 +125,8 @@ std::string train_run(const std::string& name, const std::string& sets = "") {
 }
 
 struct CsvRow {
-  std::string run_a, run_b, tensor;
-  int64_t step = 0;
+  std::string run_a, run_b, pairing, tensor;
+  int64_t step = 0, step_a = 0, step_b = 0;
   int layer = -1, head = -1;
   double w1 = 0, w1n = 0, mad = 0;
 };
@@ -146,25 +150,65 @@ std::vector<CsvRow> read_compare_csv(const fs::path& p) {
   const auto lines = lines_of(slurp(p));
   EXPECT_FALSE(lines.empty()) << p;
   if (lines.empty()) return {};
-  EXPECT_EQ(lines[0], "run_a,run_b,step,tensor,layer,head,w1,w1_normalized,max_abs_diff");
+  EXPECT_EQ(lines[0], "run_a,run_b,step,step_a,step_b,pairing,tensor,layer,head,w1,"
+                      "w1_normalized,max_abs_diff");
   std::vector<CsvRow> rows;
   for (size_t i = 1; i < lines.size(); ++i) {
     const auto f = split(lines[i]);
-    EXPECT_EQ(f.size(), 9u) << lines[i];
-    if (f.size() != 9) continue;
+    EXPECT_EQ(f.size(), 12u) << lines[i];
+    if (f.size() != 12) continue;
     CsvRow r;
     r.run_a = f[0];
     r.run_b = f[1];
     r.step = std::stoll(f[2]);
-    r.tensor = f[3];
-    r.layer = f[4].empty() ? -1 : std::stoi(f[4]);
-    r.head = f[5].empty() ? -1 : std::stoi(f[5]);
-    r.w1 = std::stod(f[6]);
-    r.w1n = std::stod(f[7]);
-    r.mad = std::stod(f[8]);
+    r.step_a = std::stoll(f[3]);
+    r.step_b = std::stoll(f[4]);
+    r.pairing = f[5];
+    r.tensor = f[6];
+    // Integers always: -1 = not per layer / head (no empty fields, so pandas reads int64).
+    EXPECT_FALSE(f[7].empty() || f[8].empty()) << lines[i];
+    r.layer = std::stoi(f[7]);
+    r.head = std::stoi(f[8]);
+    r.w1 = std::stod(f[9]);
+    r.w1n = std::stod(f[10]);
+    r.mad = std::stod(f[11]);
+    EXPECT_EQ(r.step, r.step_a) << lines[i];
+    EXPECT_EQ(r.pairing, r.step_a == r.step_b ? "exact" : "nearest") << lines[i];
     rows.push_back(r);
   }
   return rows;
+}
+
+// The rows of one pair of runs at run A's step, in file order.
+std::vector<CsvRow> rows_at(const std::vector<CsvRow>& rows, const std::string& run_b,
+                            int64_t step_a) {
+  std::vector<CsvRow> out;
+  for (const auto& r : rows)
+    if (r.run_b == run_b && r.step_a == step_a) out.push_back(r);
+  return out;
+}
+
+// Every row equals weight_distances computed here, directly, between the two checkpoint files.
+void expect_rows_match_checkpoints(const std::vector<CsvRow>& rows, const fs::path& fa,
+                                   const fs::path& fb) {
+  const CheckpointWeights wa = load_checkpoint_weights(fa.string());
+  const CheckpointWeights wb = load_checkpoint_weights(fb.string());
+  const auto want = weight_distances(wa.config, wa.master, wb.master);
+  ASSERT_EQ(rows.size(), want.size()) << fa << " vs " << fb;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(rows[i].tensor, want[i].tensor);
+    EXPECT_EQ(rows[i].layer, want[i].layer);
+    EXPECT_EQ(rows[i].head, want[i].head);
+    EXPECT_EQ(rows[i].w1, want[i].w1) << rows[i].tensor;  // shortest round-trip: exact
+    EXPECT_EQ(rows[i].w1n, want[i].w1_normalized) << rows[i].tensor;
+    EXPECT_EQ(rows[i].mad, want[i].max_abs_diff) << rows[i].tensor;
+  }
+}
+
+std::string ckpt(const std::string& run, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt_%08lld.bin", (long long)step);
+  return (fs::path(run) / name).string();
 }
 
 size_t slices_per_step() {
@@ -486,12 +530,21 @@ TEST(compare_Tool, SameConfigGivesExactlyZero) {
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_NE(c.out.find("losses identical"), std::string::npos) << c.out;
   EXPECT_NE(c.out.find("weights identical"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("weights:     2 checkpoint pairs: 2 exact, 0 nearest; largest step gap 0\n"),
+            std::string::npos) << c.out;
+  // Whole-tensor rows carry -1 for "not per layer / head", as text.
+  const auto text = lines_of(slurp(out / "compare.csv"));
+  ASSERT_GE(text.size(), 3u);
+  EXPECT_EQ(text[1].rfind("a,b,10,10,10,exact,wte,-1,-1,0,0,0", 0), 0u) << text[1];
+  EXPECT_EQ(text[2].rfind("a,b,10,10,10,exact,wpe,-1,-1,", 0), 0u) << text[2];
   const auto rows = read_compare_csv(out / "compare.csv");
   ASSERT_EQ(rows.size(), 2 * slices_per_step());  // steps 10 and 20
   for (const auto& r : rows) {
     EXPECT_EQ(r.run_a, "a");
     EXPECT_EQ(r.run_b, "b");
     EXPECT_TRUE(r.step == 10 || r.step == 20) << r.step;
+    EXPECT_EQ(r.step_b, r.step);
+    EXPECT_EQ(r.pairing, "exact");
     EXPECT_EQ(r.w1, 0.0) << r.tensor << " " << r.layer << " " << r.head;
     EXPECT_EQ(r.w1n, 0.0);
     EXPECT_EQ(r.mad, 0.0);
@@ -572,18 +625,43 @@ TEST(compare_Tool, DifferentSeedIsNonzeroAndMatchesScipy) {
   }
 }
 
-TEST(compare_Tool, DifferentShapeIsAOneLineError) {
+// Runs of different model shapes: the losses are compared (a smaller model's curve against a
+// larger one's is a comparison researchers make); the weights cannot be, and one line says so.
+TEST(compare_Tool, DifferentShapeComparesLossesOnly) {
   const std::string a = train_run("a"), d = train_run("layers3", "--set model.n_layer=3");
   const fs::path out = fresh_out_dir("shape");
   const Cmd c = compare(a + " " + d + " -o " + (out / "compare.csv").string());
-  expect_one_line_error(c, out);
-  EXPECT_NE(c.err.find("n_layer 2 vs 3"), std::string::npos) << c.err;
-  // The checkpoint-level check, when the runs are given as files.
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("weights:     not compared: different model shapes: n_layer 2 vs 3 (" + a +
+                       "/config.yaml, " + d + "/config.yaml); losses only\n"),
+            std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("loss:        20 shared steps (1..20); first differing step 1"),
+            std::string::npos) << c.out;
+  EXPECT_TRUE(read_compare_csv(out / "compare.csv").empty()) << "the header only";
+  EXPECT_EQ(lines_of(slurp(out / "compare_loss.csv")).size(), 1u + 2 * 20);
+  // Without config.yaml the checkpoints tell the shapes apart: the same, from the files.
+  const fs::path noconf = tmp_root() / "layers3_noconf";
+  fs::remove_all(noconf);
+  fs::copy(d, noconf);
+  fs::remove(noconf / "config.yaml");
+  const Cmd n = compare(a + " " + noconf.string() + " -o " + (out / "compare.csv").string());
+  ASSERT_EQ(n.code, 0) << n.err;
+  EXPECT_NE(n.out.find("weights:     not compared: different model shapes: n_layer 2 vs 3 (" +
+                       ckpt(a, 10) + ", " + ckpt(noconf.string(), 10) + "); losses only"),
+            std::string::npos) << n.out;
+  EXPECT_TRUE(read_compare_csv(out / "compare.csv").empty());
+  // --step asks for weights: an error naming the shapes.
+  const fs::path out2 = fresh_out_dir("shape_step");
+  const Cmd s = compare(a + " " + d + " --step 20 -o " + (out2 / "compare.csv").string());
+  expect_one_line_error(s, out2);
+  EXPECT_NE(s.err.find("n_layer 2 vs 3"), std::string::npos) << s.err;
+  // Two checkpoint files are weights only: an error naming both files.
   const Cmd f = compare(a + "/ckpt_00000020.bin " + d + "/ckpt_00000020.bin -o " +
-                        (out / "compare.csv").string());
-  expect_one_line_error(f, out);
+                        (out2 / "compare.csv").string());
+  expect_one_line_error(f, out2);
   EXPECT_NE(f.err.find("n_layer 2 vs 3"), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("ckpt_00000020.bin"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find(a + "/ckpt_00000020.bin"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find(d + "/ckpt_00000020.bin"), std::string::npos) << f.err;
 }
 
 TEST(compare_Tool, MissingStepAndNoSharedStep) {
@@ -600,23 +678,192 @@ TEST(compare_Tool, MissingStepAndNoSharedStep) {
   for (const auto& r : read_compare_csv(out / "compare.csv")) EXPECT_EQ(r.step, 20);
   fs::remove_all(out);
   fs::create_directories(out);
-  // keep_checkpoints pruned step 10 in one run: only 20 is compared, and the console says so.
+  // keep_checkpoints pruned step 10 in one run: run A's 10 pairs with its 20 (nearest), and
+  // with --max-step-gap 0 only 20 is compared; the console says which.
   const std::string k = train_run("keep1", "--set train.keep_checkpoints=1");
   const Cmd kc = compare(a + " " + k + o);
   ASSERT_EQ(kc.code, 0) << kc.err;
-  EXPECT_NE(kc.out.find("keep1 has 20; compared: 20"), std::string::npos) << kc.out;
+  EXPECT_NE(kc.out.find("keep1 has 20; compared: 10~20 20\n"), std::string::npos) << kc.out;
+  EXPECT_NE(kc.out.find("2 checkpoint pairs: 1 exact, 1 nearest; largest step gap 10 (a 10 vs "
+                        "keep1 20)"), std::string::npos) << kc.out;
+  const auto kr = read_compare_csv(out / "compare.csv");
+  ASSERT_EQ(kr.size(), 2 * slices_per_step());
+  EXPECT_EQ(kr.front().step_a, 10);
+  EXPECT_EQ(kr.front().step_b, 20);
+  EXPECT_EQ(kr.front().pairing, "nearest");
+  EXPECT_EQ(kr.back().pairing, "exact");
+  const Cmd k0 = compare(a + " " + k + " --max-step-gap 0" + o);
+  ASSERT_EQ(k0.code, 0) << k0.err;
+  EXPECT_NE(k0.out.find("keep1 has 20; compared: 20\n"), std::string::npos) << k0.out;
+  EXPECT_NE(k0.out.find("1 checkpoint pairs: 1 exact, 0 nearest; largest step gap 0; not "
+                        "compared, no checkpoint of keep1 within --max-step-gap: a 10\n"),
+            std::string::npos) << k0.out;
   EXPECT_EQ(read_compare_csv(out / "compare.csv").size(), slices_per_step());
   fs::remove_all(out);
   fs::create_directories(out);
-  // Checkpoints at 15 only (max_steps 15, ckpt_every 15) against 10 and 20: none shared.
-  const std::string e =
-      train_run("every15", "--set train.max_steps=15 --set train.ckpt_every=15");
-  ASSERT_TRUE(fs::exists(fs::path(e) / "ckpt_00000015.bin"));
-  const Cmd n = compare(a + " " + e + o);
-  expect_one_line_error(n, out);
-  EXPECT_NE(n.err.find("share no checkpoint step"), std::string::npos) << n.err;
-  EXPECT_NE(n.err.find("a has 10 20"), std::string::npos) << n.err;
-  EXPECT_NE(n.err.find("every15 has 15"), std::string::npos) << n.err;
+  const Cmd neg = compare(a + " " + k + " --max-step-gap -1" + o);
+  expect_one_line_error(neg, out);
+  EXPECT_NE(neg.err.find("--max-step-gap"), std::string::npos) << neg.err;
+  // --step N of run A's whose pair is too far apart: an error saying so.
+  const Cmd sf = compare(a + " " + k + " --step 10 --max-step-gap 5" + o);
+  expect_one_line_error(sf, out);
+  EXPECT_NE(sf.err.find("no checkpoint of 'keep1' within --max-step-gap 5"), std::string::npos)
+      << sf.err;
+}
+
+// Issue 23: runs checkpointed at different steps. ckpt_every 3 and 4 over 12 steps: run A's
+// 3 6 9 12 against 4 8 12 -> 3~4, 6~4 (a tie: the earlier step), 9~8 nearest and 12 exact.
+// Same seed and data: the weights at 12 are identical, and every nearest pair's row is the
+// distance between exactly those two checkpoint files.
+TEST(compare_Tool, DisjointCheckpointStepsPairNearest) {
+  const std::string e3 = train_run("e3", "--set train.max_steps=12 --set train.ckpt_every=3");
+  const std::string e4 = train_run("e4", "--set train.max_steps=12 --set train.ckpt_every=4");
+  const fs::path out = fresh_out_dir("disjoint");
+  const fs::path csv = out / "compare.csv";
+  const Cmd c = compare(e3 + " " + e4 + " -o " + csv.string());
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("checkpoints: e3 has 3 6 9 12; e4 has 4 8 12; compared: 3~4 6~4 9~8 12\n"),
+            std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("weights:     4 checkpoint pairs: 1 exact, 3 nearest; largest step gap 2 "
+                       "(e3 6 vs e4 4)\n"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("step 9 (e4 step 8, nearest): W1 aggregate"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("losses identical"), std::string::npos) << c.out;
+  const auto rows = read_compare_csv(csv);
+  ASSERT_EQ(rows.size(), 4 * slices_per_step());
+  const std::vector<std::pair<int64_t, int64_t>> want = {{3, 4}, {6, 4}, {9, 8}, {12, 12}};
+  for (const auto& [sa, sb] : want) {
+    const auto at = rows_at(rows, "e4", sa);
+    ASSERT_EQ(at.size(), slices_per_step()) << sa;
+    for (const auto& r : at) {
+      EXPECT_EQ(r.step_b, sb) << sa;
+      EXPECT_EQ(r.pairing, sa == sb ? "exact" : "nearest");
+    }
+    expect_rows_match_checkpoints(at, ckpt(e3, sa), ckpt(e4, sb));
+  }
+  for (const auto& r : rows_at(rows, "e4", 12)) EXPECT_EQ(r.w1, 0.0) << r.tensor;
+  double wte_9 = 0;
+  for (const auto& r : rows_at(rows, "e4", 9))
+    if (r.tensor == "wte") wte_9 = r.w1;
+  EXPECT_GT(wte_9, 0) << "steps 9 and 8 differ";
+
+  // The independent reader reads the step_a / step_b checkpoints too.
+  const Cmd py = run_cmd("/usr/bin/python3 " ST_W1_SCIPY_SCRIPT " " + csv.string() + " " + e3 +
+                         " " + e4);
+  ASSERT_EQ(py.code, 0) << py.out << py.err;
+  EXPECT_NE(py.out.find("checked " + std::to_string(4 * slices_per_step()) + " rows at 4 "
+                        "checkpoint pairs"), std::string::npos) << py.out;
+  EXPECT_NE(py.out.find(" 0 mismatches"), std::string::npos) << py.out;
+
+  // --max-step-gap 1: 6 has no checkpoint of e4 within 1 step; the others stay.
+  const Cmd g = compare(e3 + " " + e4 + " --max-step-gap 1 -o " + csv.string());
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_NE(g.out.find("weights:     3 checkpoint pairs: 1 exact, 2 nearest; largest step gap 1 "
+                       "(e3 3 vs e4 4); not compared, no checkpoint of e4 within --max-step-gap: "
+                       "e3 6\n"), std::string::npos) << g.out;
+  const auto grows = read_compare_csv(csv);
+  EXPECT_EQ(grows.size(), 3 * slices_per_step());
+  EXPECT_TRUE(rows_at(grows, "e4", 6).empty());
+  // --step of a step run B lacks: its nearest.
+  const Cmd st = compare(e3 + " " + e4 + " --step 9 -o " + csv.string());
+  ASSERT_EQ(st.code, 0) << st.err;
+  const auto srows = read_compare_csv(csv);
+  ASSERT_EQ(srows.size(), slices_per_step());
+  EXPECT_EQ(srows.front().step_b, 8);
+  // Two checkpoint files of different steps: pairing "given".
+  const Cmd f = compare(ckpt(e3, 9) + " " + ckpt(e4, 8) + " -o " + csv.string());
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_NE(f.out.find("(step 8) vs " + ckpt(e3, 9) + " (step 9)"), std::string::npos) << f.out;
+  const auto flines = lines_of(slurp(csv));
+  ASSERT_EQ(flines.size(), 1 + slices_per_step());
+  EXPECT_EQ(flines[1].rfind("e3,e4,9,9,8,given,wte,-1,-1,", 0), 0u) << flines[1];
+}
+
+// Runs with no checkpoint step in common, of different lengths: 10 steps checkpointed at 5 and
+// 10 (run A) against 12 steps at 4, 8 and 12. Losses over the common range 1..10; weights 5~4
+// and 10~8 (8 and 12 are equally near: the earlier one).
+TEST(compare_Tool, NoCommonCheckpointAndDifferentLengths) {
+  const std::string s10 = train_run("s10", "--set train.max_steps=10 --set train.ckpt_every=5");
+  const std::string e4 = train_run("e4", "--set train.max_steps=12 --set train.ckpt_every=4");
+  const fs::path out = fresh_out_dir("nocommon");
+  const fs::path csv = out / "compare.csv";
+  const Cmd c = compare(s10 + " " + e4 + " -o " + csv.string());
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("loss:        10 shared steps (1..10), the range both runs logged (s10 "
+                       "1..10, e4 1..12); first differing step"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("compared: 5~4 10~8\n"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("weights:     2 checkpoint pairs: 0 exact, 2 nearest; largest step gap 2 "
+                       "(s10 10 vs e4 8)\n"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("W1 also holds the weights' own change over the step gap"),
+            std::string::npos) << c.out;
+  const auto rows = read_compare_csv(csv);
+  ASSERT_EQ(rows.size(), 2 * slices_per_step());
+  expect_rows_match_checkpoints(rows_at(rows, "e4", 5), ckpt(s10, 5), ckpt(e4, 4));
+  expect_rows_match_checkpoints(rows_at(rows, "e4", 10), ckpt(s10, 10), ckpt(e4, 8));
+  for (const auto& r : rows) EXPECT_EQ(r.pairing, "nearest");
+  // The loss CSV holds both curves whole; the difference only where run A logged a loss.
+  const auto loss = lines_of(slurp(out / "compare_loss.csv"));
+  ASSERT_EQ(loss.size(), 1u + 10 + 12);
+  for (size_t i : {loss.size() - 2, loss.size() - 1}) {  // steps 11 and 12: e4 only
+    const auto f = split(loss[i]);
+    ASSERT_EQ(f.size(), 5u) << loss[i];
+    EXPECT_EQ(f[0], std::to_string(i == loss.size() - 2 ? 11 : 12)) << loss[i];
+    EXPECT_EQ(f[1], "e4") << loss[i];
+    EXPECT_GT(std::stod(f[2]), 0) << loss[i];
+    EXPECT_EQ(f[4], "") << loss[i];
+  }
+  // Step 10: run A's row, then e4's with its difference (the cosine schedules differ with
+  // max_steps, so the losses do too).
+  const auto fa = split(loss[2 * 10 - 1]), fb = split(loss[2 * 10]);
+  ASSERT_EQ(fa.size(), 5u);
+  ASSERT_EQ(fb.size(), 5u);
+  EXPECT_EQ(fa[0] + "," + fa[1] + "," + fa[4], "10,s10,0") << loss[2 * 10 - 1];
+  EXPECT_EQ(fb[0] + "," + fb[1], "10,e4") << loss[2 * 10];
+  EXPECT_EQ(std::stod(fb[4]), std::stod(fb[2]) - std::stod(fa[2])) << loss[2 * 10];
+  char last[128];
+  std::snprintf(last, sizeof last, "; at the last shared step 10: s10 %.6f, e4 %.6f\n",
+                std::stod(fa[2]), std::stod(fb[2]));
+  EXPECT_NE(c.out.find(last), std::string::npos) << c.out;
+  // No pair within --max-step-gap 0: losses only, exit 0, the header alone in compare.csv.
+  const Cmd g = compare(s10 + " " + e4 + " --max-step-gap 0 -o " + csv.string());
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_NE(g.out.find("weights:     not compared: no checkpoint of 'e4' within --max-step-gap 0 "
+                       "of one of 's10' (s10 has 5 10; e4 has 4 8 12); losses only\n"),
+            std::string::npos) << g.out;
+  EXPECT_TRUE(read_compare_csv(csv).empty());
+  EXPECT_EQ(lines_of(slurp(out / "compare_loss.csv")).size(), 1u + 10 + 12);
+}
+
+// A run without checkpoints (here: its checkpoints removed) still compares its losses.
+TEST(compare_Tool, RunWithoutCheckpointsComparesLosses) {
+  const std::string a = train_run("a"), b = train_run("b");
+  const fs::path bare = tmp_root() / "b_no_ckpt";
+  fs::remove_all(bare);
+  fs::create_directories(bare);
+  fs::copy_file(fs::path(b) / "metrics.jsonl", bare / "metrics.jsonl");
+  fs::copy_file(fs::path(b) / "config.yaml", bare / "config.yaml");
+  const fs::path out = fresh_out_dir("no_ckpt");
+  const fs::path csv = out / "compare.csv";
+  const Cmd c = compare(a + " " + bare.string() + " -o " + csv.string());
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("losses identical (bitwise) at every shared step"), std::string::npos)
+      << c.out;
+  EXPECT_NE(c.out.find("weights:     not compared: run 'b_no_ckpt' has no checkpoint (no "
+                       "ckpt_NNNNNNNN.bin in " + bare.string() + "); losses only\n"),
+            std::string::npos) << c.out;
+  EXPECT_EQ(c.out.find("W1 aggregate"), std::string::npos) << c.out;
+  EXPECT_TRUE(read_compare_csv(csv).empty());
+  EXPECT_EQ(lines_of(slurp(out / "compare_loss.csv")).size(), 1u + 2 * 20);
+  EXPECT_NE(c.out.find("wrote " + csv.string() + " (0 rows) and "), std::string::npos) << c.out;
+  // As run A, too; and --step asks for weights: an error.
+  const Cmd r = compare(bare.string() + " " + a + " -o " + csv.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("not compared: run 'b_no_ckpt' has no checkpoint"), std::string::npos)
+      << r.out;
+  const fs::path out2 = fresh_out_dir("no_ckpt_step");
+  const Cmd s = compare(a + " " + bare.string() + " --step 10 -o " + (out2 / "c.csv").string());
+  expect_one_line_error(s, out2);
+  EXPECT_NE(s.err.find("has no checkpoint (no ckpt_NNNNNNNN.bin in " + bare.string()),
+            std::string::npos) << s.err;
 }
 
 TEST(compare_Tool, CorruptOrTruncatedCheckpointNamesTheFile) {

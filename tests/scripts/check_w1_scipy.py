@@ -4,16 +4,18 @@
     check_w1_scipy.py COMPARE_CSV RUN_A_DIR RUN_B_DIR
 
 Reads, with its own reader written from the file format documented at the top of
-io/checkpoint.cpp (not stabletrain's C++), the master weights of RUN_A_DIR/ckpt_N.bin and
-RUN_B_DIR/ckpt_N.bin for every step N of the rows of COMPARE_CSV whose run_a / run_b are the
-two directories' names; cuts every weight slice out of the flat parameter array by the layout
-of model/gpt2.h and analysis/slices.h (wq/wk/wv: rows [h*hs, (h+1)*hs) of the q/k/v third of
-qkvw[l]; wo: columns [h*hs, (h+1)*hs) of attprojw[l]; wte without its padding rows); and
-recomputes per slice
+io/checkpoint.cpp (not stabletrain's C++), the master weights of RUN_A_DIR/ckpt_<step_a>.bin
+and RUN_B_DIR/ckpt_<step_b>.bin for every checkpoint pair (step_a, step_b) of the rows of
+COMPARE_CSV whose run_a / run_b are the two directories' names (pairing exact or nearest);
+cuts every weight slice out of the flat parameter array by the layout of model/gpt2.h and
+analysis/slices.h (wq/wk/wv: rows [h*hs, (h+1)*hs) of the q/k/v third of qkvw[l]; wo:
+columns [h*hs, (h+1)*hs) of attprojw[l]; wte without its padding rows); and recomputes per
+slice
     w1             scipy.stats.wasserstein_distance on the FP64 values
     w1_normalized  w1 / mean |A|
     max_abs_diff   max |A - B| in FP64
-The CSV must hold exactly the slices enumerated here, once per step.
+The CSV must hold exactly the slices enumerated here, once per checkpoint pair, with
+integer layer / head columns (-1: not per layer / head).
 
 Tolerances: max_abs_diff must be equal exactly (both sides take the difference of the same
 two float32 values in FP64, which is a single correctly rounded operation). w1 and
@@ -52,28 +54,34 @@ def main():
     by_step = {}
     with open(csv_path, newline="") as f:
         rd = csv.DictReader(f)
-        want = ["run_a", "run_b", "step", "tensor", "layer", "head", "w1", "w1_normalized",
-                "max_abs_diff"]
+        want = ["run_a", "run_b", "step", "step_a", "step_b", "pairing", "tensor", "layer",
+                "head", "w1", "w1_normalized", "max_abs_diff"]
         if rd.fieldnames != want:
             print(f"FAIL: header {rd.fieldnames}, expected {want}")
             return 1
         for row in rd:
             if row["run_a"] == name_a and row["run_b"] == name_b:
-                by_step.setdefault(int(row["step"]), []).append(row)
+                sa, sb = int(row["step_a"]), int(row["step_b"])
+                pairing = "exact" if sa == sb else "nearest"
+                if int(row["step"]) != sa or row["pairing"] != pairing:
+                    print(f"FAIL: step {row['step']}, pairing {row['pairing']} in a row of "
+                          f"step_a {sa}, step_b {sb}")
+                    return 1
+                by_step.setdefault((sa, sb), []).append(row)
     if not by_step:
         print(f"FAIL: no rows for run_a={name_a} run_b={name_b} in {csv_path}")
         return 1
     checked, bad, worst = 0, 0, 0.0
     for step, rows in sorted(by_step.items()):
-        fa = os.path.join(dir_a, f"ckpt_{step:08d}.bin")
-        fb = os.path.join(dir_b, f"ckpt_{step:08d}.bin")
+        fa = os.path.join(dir_a, f"ckpt_{step[0]:08d}.bin")
+        fb = os.path.join(dir_b, f"ckpt_{step[1]:08d}.bin")
         shape_a, step_a, wa = master_weights(fa)
         shape_b, step_b, wb = master_weights(fb)
-        if shape_a != shape_b or step_a != step or step_b != step:
-            print(f"FAIL: step {step}: shapes {shape_a} / {shape_b}, steps {step_a} / {step_b}")
+        if shape_a != shape_b or (step_a, step_b) != step:
+            print(f"FAIL: steps {step}: shapes {shape_a} / {shape_b}, steps {step_a} / {step_b}")
             return 1
         sa, sb = slices(shape_a, wa), slices(shape_b, wb)
-        keys = [(r["tensor"], int(r["layer"] or -1), int(r["head"] or -1)) for r in rows]
+        keys = [(r["tensor"], int(r["layer"]), int(r["head"])) for r in rows]
         if sorted(keys) != sorted(sa.keys()) or len(set(keys)) != len(keys):
             print(f"FAIL: step {step}: the CSV's slices {sorted(set(keys) ^ set(sa.keys()))[:8]} "
                   f"differ from the layout's ({len(keys)} rows, {len(sa)} slices)")
@@ -94,7 +102,7 @@ def main():
                     print(f"MISMATCH step {step} {key}: compare w1 {got[0]!r} w1n {got[1]!r} "
                           f"max {got[2]!r}; scipy w1 {w1!r} w1n {w1n!r} max {mad!r}")
             checked += 1
-    print(f"checked {checked} rows at {len(by_step)} steps of {name_a} vs {name_b}; "
+    print(f"checked {checked} rows at {len(by_step)} checkpoint pairs of {name_a} vs {name_b}; "
           f"{bad} mismatches; largest w1 relative difference {worst:.3g} (tolerance {REL_TOL:g})")
     return 1 if bad else 0
 

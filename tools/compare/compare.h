@@ -42,11 +42,27 @@ struct LossSummary {
   double val_max_abs = 0;
 };
 
-struct PairResult {
-  std::vector<int64_t> steps;                              // compared checkpoint steps
-  std::map<int64_t, std::vector<DistanceRow>> rows;        // per step, in slice order
-  std::vector<WeightSlice> slices;                         // weight_slices(config, true)
+// One compared pair of checkpoints: run A's step a against the other run's step b. a == b:
+// "exact"; otherwise "nearest" (b is the other run's checkpoint step nearest to a) or, for
+// two checkpoint files given on the command line, "given".
+struct StepPair {
+  int64_t a = 0, b = 0;
+  int64_t gap() const { return a > b ? a - b : b - a; }
 };
+
+struct PairResult {
+  std::vector<StepPair> steps;                             // compared, by run A's step
+  std::map<int64_t, std::vector<DistanceRow>> rows;        // per run A's step, in slice order
+  std::vector<WeightSlice> slices;                         // weight_slices(config, true)
+  std::vector<int64_t> too_far;   // run A's steps with no checkpoint within --max-step-gap
+  std::string not_compared;       // why no weights were compared ("" when some were)
+};
+
+// The checkpoint step of `have` nearest to `step` (the earlier one on a tie), or -1 when
+// `have` is empty or the nearest is more than max_gap away (max_gap < 0: any distance).
+int64_t nearest_step(const std::map<int64_t, std::string>& have, int64_t step, int64_t max_gap);
+// "exact", "nearest" or, in file mode, "given".
+const char* pairing_name(const StepPair& p, bool file_mode);
 
 // ---------------------------------------------------------------- runs (compare/runs.cpp)
 
@@ -56,10 +72,12 @@ std::string dir_name(const std::string& dir);
 void read_metrics(Run& r);
 void list_checkpoints(Run& r);
 void read_config(Run& r);
-// Model-shape check from config.yaml, before any checkpoint is read.
-void check_config_shapes(const Run& a, const Run& b);
-void check_ckpt_shapes(const Run& a, const std::string& fa, const GPT2Config& ca, const Run& b,
-                       const std::string& fb, const GPT2Config& cb);
+// Model-shape checks: "" when the shapes agree, else what differs and where ("n_layer 2 vs 3
+// (A/config.yaml, B/config.yaml)"). From config.yaml (before any checkpoint is read; "" when
+// a run has none) and from two checkpoints.
+std::string config_shape_diff(const Run& a, const Run& b);
+std::string ckpt_shape_diff(const std::string& fa, const GPT2Config& ca, const std::string& fb,
+                            const GPT2Config& cb);
 // Keys whose values differ between two configs (run.name and run.out_dir left out).
 std::vector<std::string> config_diffs(const Run& a, const Run& b);
 
@@ -105,6 +123,10 @@ std::string step_list(const Range& steps) {
 std::vector<int64_t> keys(const std::map<int64_t, std::string>& m);
 void write_atomically(const std::string& path, const std::string& text, std::string& tmp_out);
 int usage_error(const std::string& msg);
+// compare.csv: the header, and one row's fields after run_a,run_b (step = step_a; layer and
+// head -1 when the slice is not per layer / per head). No newline.
+extern const char* const kCompareCsvHeader;
+std::string compare_csv_fields(const StepPair& sp, const char* pairing, const DistanceRow& r);
 // compare.csv (out_csv) and, for run directories, the loss CSV (loss_csv): built, written
 // to temporary files and renamed into place; n_rows / n_loss_rows: the rows written.
 void write_outputs(const std::vector<Run>& runs, const std::vector<PairResult>& pairs,

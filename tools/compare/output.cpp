@@ -51,6 +51,16 @@ std::vector<int64_t> keys(const std::map<int64_t, std::string>& m) {
 
 // ---------------------------------------------------------------- output
 
+const char* const kCompareCsvHeader =
+    "run_a,run_b,step,step_a,step_b,pairing,tensor,layer,head,w1,w1_normalized,max_abs_diff";
+
+std::string compare_csv_fields(const StepPair& sp, const char* pairing, const DistanceRow& r) {
+  return std::to_string(sp.a) + "," + std::to_string(sp.a) + "," + std::to_string(sp.b) + "," +
+         pairing + "," + csv_field(r.tensor) + "," + std::to_string(r.layer) + "," +
+         std::to_string(r.head) + "," + num(r.w1) + "," + num(r.w1_normalized) + "," +
+         num(r.max_abs_diff);
+}
+
 void write_atomically(const std::string& path, const std::string& text, std::string& tmp_out) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
@@ -69,7 +79,7 @@ void write_atomically(const std::string& path, const std::string& text, std::str
 
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "compare: usage error: %s (compare RUN_A RUN_B [RUN_C ...] [-o FILE] "
-               "[--step N] [--top K]; --help for more)\n", msg.c_str());
+               "[--step N] [--max-step-gap N] [--top K]; --help for more)\n", msg.c_str());
   return 2;
 }
 
@@ -77,15 +87,13 @@ void write_outputs(const std::vector<Run>& runs, const std::vector<PairResult>& 
                    bool file_mode, const std::string& out_csv, const std::string& loss_csv,
                    size_t& n_rows, size_t& n_loss_rows) {
   const Run& A = runs[0];
-  std::string csv = "run_a,run_b,";
-  csv += kDistanceCsvHeader;
-  csv += '\n';
+  std::string csv = std::string(kCompareCsvHeader) + "\n";
   n_rows = 0;
   for (size_t k = 1; k < runs.size(); ++k)
-    for (const int64_t step : pairs[k].steps)
-      for (const DistanceRow& row : pairs[k].rows.at(step)) {
+    for (const StepPair& sp : pairs[k].steps)
+      for (const DistanceRow& row : pairs[k].rows.at(sp.a)) {
         csv += csv_field(A.name) + "," + csv_field(runs[k].name) + "," +
-               distance_csv_line(step, row) + "\n";
+               compare_csv_fields(sp, pairing_name(sp, file_mode), row) + "\n";
         ++n_rows;
       }
   std::string loss_text;

@@ -1,6 +1,7 @@
 // compare (tools/compare.cpp): reading the runs — a run directory's metrics.jsonl (loss and
 // val_loss by step), its checkpoint files and its config.yaml (flattened), the model-shape
-// checks between two runs (config.yaml and checkpoints) and the config keys that differ.
+// checks between two runs (config.yaml and checkpoints), the pairing of checkpoint steps and
+// the config keys that differ.
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -177,9 +179,8 @@ const char* const kShapeKeys[] = {"n_layer", "n_head", "n_embd", "max_seq_len", 
 
 }  // namespace
 
-// Model-shape check from config.yaml, before any checkpoint is read.
-void check_config_shapes(const Run& a, const Run& b) {
-  if (a.config_path.empty() || b.config_path.empty()) return;
+std::string config_shape_diff(const Run& a, const Run& b) {
+  if (a.config_path.empty() || b.config_path.empty()) return "";
   std::string diff;
   for (const char* k : kShapeKeys) {
     const std::string key = std::string("model.") + k;
@@ -187,13 +188,11 @@ void check_config_shapes(const Run& a, const Run& b) {
     if (ia == a.config.end() || ib == b.config.end() || ia->second == ib->second) continue;
     diff += (diff.empty() ? "" : ", ") + std::string(k) + " " + ia->second + " vs " + ib->second;
   }
-  if (!diff.empty())
-    fail("runs '", a.name, "' and '", b.name, "' have different model shapes: ", diff, " (",
-         a.config_path, ", ", b.config_path, "); compare runs of one model config");
+  return diff.empty() ? diff : diff + " (" + a.config_path + ", " + b.config_path + ")";
 }
 
-void check_ckpt_shapes(const Run& a, const std::string& fa, const GPT2Config& ca, const Run& b,
-                       const std::string& fb, const GPT2Config& cb) {
+std::string ckpt_shape_diff(const std::string& fa, const GPT2Config& ca, const std::string& fb,
+                            const GPT2Config& cb) {
   std::string diff;
   auto field = [&](const char* k, int va, int vb) {
     if (va != vb)
@@ -206,9 +205,24 @@ void check_ckpt_shapes(const Run& a, const std::string& fa, const GPT2Config& ca
   field("max_seq_len", ca.max_seq_len, cb.max_seq_len);
   field("vocab_size", ca.vocab_size, cb.vocab_size);
   field("padded_vocab_size", ca.vp(), cb.vp());
-  if (!diff.empty())
-    fail("runs '", a.name, "' and '", b.name, "' have different model shapes: ", diff, " (", fa,
-         ", ", fb, "); compare runs of one model config");
+  return diff.empty() ? diff : diff + " (" + fa + ", " + fb + ")";
+}
+
+int64_t nearest_step(const std::map<int64_t, std::string>& have, int64_t step, int64_t max_gap) {
+  if (have.empty()) return -1;
+  const auto hi = have.lower_bound(step);  // first >= step
+  int64_t best = -1;
+  if (hi != have.end()) best = hi->first;
+  if (hi != have.begin()) {
+    const int64_t lo = std::prev(hi)->first;
+    if (best < 0 || step - lo <= best - step) best = lo;  // a tie goes to the earlier step
+  }
+  const int64_t gap = best > step ? best - step : step - best;
+  return max_gap >= 0 && gap > max_gap ? -1 : best;
+}
+
+const char* pairing_name(const StepPair& p, bool file_mode) {
+  return p.a == p.b ? "exact" : file_mode ? "given" : "nearest";
 }
 
 // Keys whose values differ between two configs (run.name and run.out_dir left out).

@@ -6,11 +6,49 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tools/compare/compare.h"
 
 namespace st::compare_tool {
+
+namespace {
+
+// The first and last step a run logged a training loss at ({-1, -1}: none).
+std::pair<int64_t, int64_t> loss_range(const Run& r) {
+  std::pair<int64_t, int64_t> out{-1, -1};
+  for (const auto& [step, p] : r.metrics)
+    if (p.has_loss) {
+      if (out.first < 0) out.first = step;
+      out.second = step;
+    }
+  return out;
+}
+
+std::string range_text(const std::pair<int64_t, int64_t>& r) {
+  return r.first < 0 ? "no loss" : std::to_string(r.first) + ".." + std::to_string(r.second);
+}
+
+// "10 20", nearest pairs as "A~B" ("3~4 6~4 12"); long lists shortened as step_list does.
+std::string pair_list(const std::vector<StepPair>& steps) {
+  if (steps.empty()) return "(none)";
+  std::string s;
+  const size_t n = steps.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 12 && i == 5) {
+      s += " ...";
+      i = n - 5;
+    }
+    if (!s.empty()) s += ' ';
+    s += std::to_string(steps[i].a);
+    if (steps[i].b != steps[i].a) s += "~" + std::to_string(steps[i].b);
+  }
+  if (n > 12) s += " (" + std::to_string(n) + " pairs)";
+  return s;
+}
+
+}  // namespace
 
 LossSummary compare_losses(const Run& a, const Run& b, double tol) {
   LossSummary s;
@@ -83,11 +121,18 @@ void print_summary(const std::vector<Run>& runs, const std::vector<PairResult>& 
           std::printf("%s%s\n", i == 0 ? "config:      differs in " : "             ",
                       diffs[i].c_str());
       const LossSummary s = compare_losses(A, X, tol);
+      const auto ra = loss_range(A), rx = loss_range(X);
       if (s.shared == 0) {
-        std::printf("loss:        no training step logged by both runs\n");
+        std::printf("loss:        no training step logged by both runs (%s logged %s, %s %s)\n",
+                    A.name.c_str(), range_text(ra).c_str(), X.name.c_str(),
+                    range_text(rx).c_str());
       } else {
         std::printf("loss:        %lld shared steps (%lld..%lld)", (long long)s.shared,
                     (long long)s.first_step, (long long)s.last_step);
+        // Runs of different lengths (or log_every): compared over the common range only.
+        if (ra != rx)
+          std::printf(", the range both runs logged (%s %s, %s %s)", A.name.c_str(),
+                      range_text(ra).c_str(), X.name.c_str(), range_text(rx).c_str());
         if (s.first_diff < 0) {
           std::printf("; losses identical (bitwise) at every shared step\n");
         } else {
@@ -116,13 +161,44 @@ void print_summary(const std::vector<Run>& runs, const std::vector<PairResult>& 
         std::printf("; val_loss %s %.6f (step %lld), %s %.6f (step %lld)", A.name.c_str(),
                     va.second, (long long)va.first, X.name.c_str(), vx.second,
                     (long long)vx.first);
+      if (la.first != lx.first && s.shared > 0) {
+        const LossPoint& pa = A.metrics.at(s.last_step);
+        const LossPoint& px = X.metrics.at(s.last_step);
+        std::printf("; at the last shared step %lld: %s %.6f, %s %.6f", (long long)s.last_step,
+                    A.name.c_str(), pa.loss, X.name.c_str(), px.loss);
+      }
       std::printf("\n");
       std::printf("checkpoints: %s has %s; %s has %s; compared: %s\n", A.name.c_str(),
                   step_list(keys(A.ckpts)).c_str(), X.name.c_str(),
-                  step_list(keys(X.ckpts)).c_str(), step_list(p.steps).c_str());
+                  step_list(keys(X.ckpts)).c_str(), pair_list(p.steps).c_str());
+      if (!p.not_compared.empty()) {
+        std::printf("weights:     not compared: %s; losses only\n", p.not_compared.c_str());
+        continue;
+      }
+      int n_exact = 0;
+      const StepPair* widest = nullptr;
+      for (const StepPair& sp : p.steps) {
+        n_exact += sp.a == sp.b;
+        if (!widest || sp.gap() > widest->gap()) widest = &sp;
+      }
+      std::printf("weights:     %zu checkpoint pairs: %d exact, %zu nearest; largest step gap "
+                  "%lld", p.steps.size(), n_exact, p.steps.size() - size_t(n_exact),
+                  (long long)widest->gap());
+      if (widest->gap() > 0)
+        std::printf(" (%s %lld vs %s %lld)", A.name.c_str(), (long long)widest->a,
+                    X.name.c_str(), (long long)widest->b);
+      if (!p.too_far.empty())
+        std::printf("; not compared, no checkpoint of %s within --max-step-gap: %s %s",
+                    X.name.c_str(), A.name.c_str(), step_list(p.too_far).c_str());
+      std::printf("\n");
     } else {
-      std::printf("checkpoints: %s vs %s (step %lld)\n", X.path.c_str(), A.path.c_str(),
-                  (long long)p.steps.front());
+      const StepPair& sp = p.steps.front();
+      if (sp.a == sp.b)
+        std::printf("checkpoints: %s vs %s (step %lld)\n", X.path.c_str(), A.path.c_str(),
+                    (long long)sp.a);
+      else
+        std::printf("checkpoints: %s (step %lld) vs %s (step %lld)\n", X.path.c_str(),
+                    (long long)sp.b, A.path.c_str(), (long long)sp.a);
     }
 
     // Per step: aggregate, per layer, top-K.
@@ -130,13 +206,18 @@ void print_summary(const std::vector<Run>& runs, const std::vector<PairResult>& 
     std::vector<std::pair<int64_t, double>> agg;
     int n_layer = 0;
     for (const auto& s : p.slices) n_layer = std::max(n_layer, s.layer + 1);
-    for (const int64_t step : p.steps) {
+    for (const StepPair& sp : p.steps) {
+      const int64_t step = sp.a;
       const auto& rows = p.rows.at(step);
       const double a = w1_aggregate(p, rows, -1, &n_mats);
       agg.emplace_back(step, a);
       bool identical = true;
       for (const auto& r : rows) identical &= r.w1 == 0 && r.max_abs_diff == 0;
-      std::printf("step %lld: W1 aggregate %.4e", (long long)step, a);
+      if (sp.a == sp.b)
+        std::printf("step %lld: W1 aggregate %.4e", (long long)step, a);
+      else
+        std::printf("step %lld (%s step %lld, %s): W1 aggregate %.4e", (long long)step,
+                    X.name.c_str(), (long long)sp.b, pairing_name(sp, file_mode), a);
       if (agg.size() > 1) {
         const auto& prev = agg[agg.size() - 2];
         std::printf(" (%+.3e per step since step %lld)",
@@ -196,6 +277,10 @@ void print_summary(const std::vector<Run>& runs, const std::vector<PairResult>& 
       std::printf("%s; least squares %+.3e over %zu checkpoints\n", line.c_str(), sxy / sxx,
                   agg.size());
     }
+    if (std::any_of(p.steps.begin(), p.steps.end(), [](const StepPair& x) { return x.a != x.b; }))
+      std::printf("(pairs of different steps (nearest, given): their W1 also holds the"
+                  " weights' own change over the step gap, as two identical runs would show)\n");
+    if (p.steps.empty()) continue;
     std::printf("(W1 aggregate: mean w1_normalized over the %d whole 2-D weight matrices: wte,"
                 " wpe, qkvw/attprojw/fcw/fcprojw per layer)\n", n_mats);
   }
