@@ -10,6 +10,8 @@
 // Rows come per slice of analysis/slices.h: every tensor (per layer), plus per head for
 // the attention weights (wq, wk, wv, wo).
 #pragma once
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,12 @@ struct CheckpointWeights {
   std::vector<float> master;
 };
 CheckpointWeights load_checkpoint_weights(const std::string& path);
+
+// The checkpoint step of `have` (step -> file) nearest to `step` (the earlier one on a
+// tie), or -1 when `have` is empty or the nearest is more than max_gap away (max_gap < 0:
+// any distance). How `compare` and `report` pair two runs' checkpoints: each of run A's
+// steps with run B's checkpoint of the same step, else B's nearest.
+int64_t nearest_step(const std::map<int64_t, std::string>& have, int64_t step, int64_t max_gap);
 
 // CSV header and one line per row: "step,tensor,layer,head,w1,w1_normalized,max_abs_diff"
 // (the hooks' wasserstein.csv; compare.csv adds the runs' names in front). Numbers are

@@ -504,11 +504,12 @@ TEST(ReportHtml, CheckpointPairsExactElseNearest) {
     return o;
   };
   using V = std::vector<std::pair<int64_t, int64_t>>;
-  EXPECT_EQ(flat(checkpoint_pairs(steps({10, 20, 30}), steps({20, 30, 40}), 0)), (V{{20, 20}, {30, 30}}));
-  // None shared: each of B's steps with A's nearest, the earlier on a tie.
-  EXPECT_EQ(flat(checkpoint_pairs(steps({10, 20, 30}), steps({15, 24, 99}), 0)), (V{{10, 15}, {20, 24}, {30, 99}}));
-  EXPECT_EQ(flat(checkpoint_pairs(steps({50}), steps({5, 60}), 0)), (V{{50, 5}, {50, 60}}));
-  EXPECT_TRUE(checkpoint_pairs(steps({}), steps({5}), 0).empty());
+  // Each of A's steps with B's same step, else B's nearest (the earlier on a tie).
+  EXPECT_EQ(flat(checkpoint_pairs(steps({10, 20, 30}), steps({20, 30, 40}), 0)), (V{{10, 20}, {20, 20}, {30, 30}}));
+  EXPECT_EQ(flat(checkpoint_pairs(steps({10, 20, 30}), steps({15, 24, 99}), 0)), (V{{10, 15}, {20, 24}, {30, 24}}));
+  EXPECT_EQ(flat(checkpoint_pairs(steps({15}), steps({10, 20}), 0)), (V{{15, 10}}));
+  EXPECT_EQ(flat(checkpoint_pairs(steps({5, 60}), steps({50}), 0)), (V{{5, 50}, {60, 50}}));
+  EXPECT_TRUE(checkpoint_pairs(steps({5}), steps({}), 0).empty());
   // At most N, evenly spaced, first and last kept.
   std::map<int64_t, std::string> many;
   for (int s = 1; s <= 100; ++s) many[s] = "f";

@@ -58,9 +58,7 @@ struct PairResult {
   std::string not_compared;       // why no weights were compared ("" when some were)
 };
 
-// The checkpoint step of `have` nearest to `step` (the earlier one on a tie), or -1 when
-// `have` is empty or the nearest is more than max_gap away (max_gap < 0: any distance).
-int64_t nearest_step(const std::map<int64_t, std::string>& have, int64_t step, int64_t max_gap);
+// nearest_step: analysis/weight_distance.h (shared with `report`).
 // "exact", "nearest" or, in file mode, "given".
 const char* pairing_name(const StepPair& p, bool file_mode);
 

@@ -208,19 +208,6 @@ std::string ckpt_shape_diff(const std::string& fa, const GPT2Config& ca, const s
   return diff.empty() ? diff : diff + " (" + fa + ", " + fb + ")";
 }
 
-int64_t nearest_step(const std::map<int64_t, std::string>& have, int64_t step, int64_t max_gap) {
-  if (have.empty()) return -1;
-  const auto hi = have.lower_bound(step);  // first >= step
-  int64_t best = -1;
-  if (hi != have.end()) best = hi->first;
-  if (hi != have.begin()) {
-    const int64_t lo = std::prev(hi)->first;
-    if (best < 0 || step - lo <= best - step) best = lo;  // a tie goes to the earlier step
-  }
-  const int64_t gap = best > step ? best - step : step - best;
-  return max_gap >= 0 && gap > max_gap ? -1 : best;
-}
-
 const char* pairing_name(const StepPair& p, bool file_mode) {
   return p.a == p.b ? "exact" : file_mode ? "given" : "nearest";
 }

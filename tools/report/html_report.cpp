@@ -265,12 +265,13 @@ json checkpoint_distances(const RunData& a, const RunData& b, size_t bi, size_t 
     gap = std::max<int64_t>(gap, p.step_a > p.step_b ? p.step_a - p.step_b : p.step_b - p.step_a);
   }
   std::ostringstream how;
-  how << pairs.size() << " checkpoint pair" << (pairs.size() == 1 ? "" : "s") << ", steps " << pairs.front().step_b
-      << " … " << pairs.back().step_b << ": ";
+  how << pairs.size() << " checkpoint pair" << (pairs.size() == 1 ? "" : "s") << " at " << a.name << "'s steps "
+      << pairs.front().step_a << " … " << pairs.back().step_a << ": ";
   if (exact == pairs.size()) how << "the same step in both runs";
   else
-    how << "no step in common, each of " << b.name << "'s checkpoints against " << a.name
-        << "'s nearest (largest gap " << gap << " steps)";
+    how << exact << " at the same step, " << pairs.size() - exact << " against " << b.name
+        << "'s nearest checkpoint (largest gap " << gap << " steps; such a distance also holds the weights' "
+        << "own change over the gap)";
   d["pairing"] = how.str();
   std::map<std::tuple<std::string, int, int>, json> by_key;
   std::vector<std::tuple<std::string, int, int>> order;
@@ -300,12 +301,12 @@ json checkpoint_distances(const RunData& a, const RunData& b, size_t bi, size_t 
                    .first;
           order.push_back(key);
         }
-        it->second["x"].push_back(p.step_b);
+        it->second["x"].push_back(p.step_a);
         it->second["w1n"].push_back(num(r.w1_normalized));
         it->second["max"].push_back(num(r.max_abs_diff));
       }
     } catch (const std::exception& e) {
-      d["notes"].push_back("step " + std::to_string(p.step_b) + ": " + e.what());
+      d["notes"].push_back("step " + std::to_string(p.step_a) + ": " + e.what());
     }
   }
   for (const auto& k : order) d["series"].push_back(std::move(by_key[k]));
@@ -376,23 +377,13 @@ std::string esc(const std::string& s) {
 std::vector<CheckpointPair> checkpoint_pairs(const std::map<int64_t, std::string>& a,
                                              const std::map<int64_t, std::string>& b, size_t max_pairs) {
   std::vector<CheckpointPair> all;
-  if (a.empty() || b.empty()) return all;
-  for (const auto& [s, p] : b)
-    if (a.count(s)) all.push_back({s, s});
-  if (all.empty())
-    for (const auto& [s, p] : b) {
-      auto hi = a.lower_bound(s);
-      int64_t best;
-      if (hi == a.end()) best = std::prev(hi)->first;
-      else if (hi == a.begin()) best = hi->first;
-      else best = (s - std::prev(hi)->first <= hi->first - s) ? std::prev(hi)->first : hi->first;
-      all.push_back({best, s});
-    }
+  if (b.empty()) return all;
+  for (const auto& [s, p] : a) all.push_back({s, nearest_step(b, s, -1)});
   if (max_pairs == 0 || all.size() <= max_pairs) return all;
   std::vector<CheckpointPair> use;
   for (size_t k = 0; k < max_pairs; ++k) {
     const CheckpointPair& p = all[max_pairs == 1 ? all.size() - 1 : k * (all.size() - 1) / (max_pairs - 1)];
-    if (use.empty() || use.back().step_b != p.step_b) use.push_back(p);
+    if (use.empty() || use.back().step_a != p.step_a) use.push_back(p);
   }
   return use;
 }

@@ -25,9 +25,10 @@ struct HtmlOptions {
   int refresh_s = 0;                 // > 0: the page reloads itself every refresh_s seconds (report --watch)
 };
 
-// Checkpoint pairs for the weight distances between run A (the reference) and run B: the
-// steps both have, else (none shared) each of B's steps with A's nearest step (the earlier on
-// a tie). At most `max_pairs` (evenly spaced; 0: all).
+// Checkpoint pairs for the weight distances between run A (the reference) and run B, as
+// `compare` pairs them: each of A's checkpoint steps with B's checkpoint of the same step,
+// else B's nearest (the earlier on a tie; analysis/weight_distance.h nearest_step). At most
+// `max_pairs` (evenly spaced over A's steps, the first and last kept; 0: all).
 struct CheckpointPair {
   int64_t step_a = 0, step_b = 0;
 };
