@@ -13,7 +13,9 @@
 //     series[]{t, l, h, x[], w1n[], max[]}.
 // null in an array is a missing / non-finite value (drawn as a gap). Every panel's element
 // carries data-panel and data-series (its number of drawn series), and <body> data-rendered,
-// data-panels and data-errors, for the render test (tests/test_report.cpp).
+// data-panels, data-errors, data-render-ms (this script's time) and data-ready-ms (from
+// the navigation's start to the page drawn), for the render test (tests/test_report.cpp)
+// and bench/report_load.sh.
 (function () {
   'use strict';
   const t0 = performance.now();
@@ -599,7 +601,8 @@
     setTimeout(() => { saveState(); location.reload(); }, D.refresh_s * 1000);
   }
   document.body.dataset.panels = String(document.querySelectorAll('[data-panel]').length);
-  document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
+  document.body.dataset.renderMs = String(Math.round(performance.now() - t0));  // this script
+  document.body.dataset.readyMs = String(Math.round(performance.now()));  // since the navigation began
   document.body.dataset.errors = String(errors.length);
   document.body.dataset.rendered = '1';
 })();
