@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # How fast the report of three GPT-2 124M runs opens (issue 23: under 5 s in Chromium, the
 # HTML under 5 MB). Trains, unless OUT already holds them, three short configs/gpt2_small.yaml
-# CPU runs that differ only in attention.backend (baseline, flash, stabilized_flash; BF16,
-# B=4, T=64, 8 steps, a checkpoint every 4 steps, hooks every 4: spectral norms, attention
-# statistics, δ drift and grad norms at steps 0, 4, 8), writes their report (weights of each
-# run against baseline at steps 4 and 8), then opens it 5 times in headless Chromium and
-# prints the HTML size, the page's own time from navigation start to drawn (data-ready-ms),
-# and Chromium's wall time for the page against its wall time for an empty page.
+# CPU runs on the Tiny Shakespeare GPT-2 shards (the default run prepares them) that differ
+# only in attention.backend (baseline, flash, stabilized_flash; BF16, B=4, T=64, 8 steps, a
+# checkpoint every 4 steps, hooks every 4: spectral norms, attention statistics, δ drift and
+# grad norms at steps 0, 4, 8), writes their report (weights of each run against baseline at
+# steps 4 and 8), then opens it 5 times in headless Chromium and prints the HTML size, the
+# page's own time from navigation start to drawn (data-ready-ms), and Chromium's wall time
+# for the page against its wall time for an empty page.
 #   bash bench/report_load.sh [OUT]   (default runs/report_load; about 9 GB of checkpoints)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,8 @@ for be in baseline flash stabilized_flash; do
   if [ -f "$d/ckpt_00000008.bin" ]; then continue; fi
   build/bin/train --config configs/gpt2_small.yaml --overwrite --set device=cpu --set run.out_dir="$d" \
     --set run.name="$be" --set attention.backend="$be" --set precision.compute=bf16 \
+    --set data.train_path='data_cache/tiny_shakespeare/gpt2_train_*.bin' \
+    --set data.val_path='data_cache/tiny_shakespeare/gpt2_val_*.bin' \
     --set train.batch_size=4 --set train.seq_len=64 --set train.grad_accum_steps=1 --set train.max_steps=8 \
     --set train.ckpt_every=4 --set train.keep_checkpoints=0 --set train.eval_every=4 --set train.eval_batches=2 \
     --set train.log_every=1 --set train.sample_tokens=0 --set hooks.every=4 >"$out/$be.train.log" 2>&1 \
