@@ -517,14 +517,27 @@ TEST(ReportHtml, CheckpointPairsExactElseNearest) {
   EXPECT_EQ(few, (V{{1, 1}, {34, 34}, {67, 67}, {100, 100}}));
 }
 
+namespace {
+
+// The report of run B against a copy of itself (every distance is zero).
+fs::path html_same() {
+  static const fs::path out = [] {
+    const fs::path copy = tmp_root() / "run_b_copy";
+    fs::remove_all(copy);
+    fs::copy(run_b(), copy, fs::copy_options::recursive);
+    const fs::path o = tmp_root() / "same.html";
+    const Cmd r = report(q(run_b()) + " " + q(copy) + " -o " + q(o));
+    EXPECT_EQ(r.code, 0) << r.err;
+    return o;
+  }();
+  return out;
+}
+
+}  // namespace
+
 TEST(ReportHtml, IdenticalRunsHaveZeroDistanceAndOneRunSaysSo) {
-  // A copy of run B's checkpoints: every distance is zero.
   const fs::path copy = tmp_root() / "run_b_copy";
-  fs::remove_all(copy);
-  fs::copy(run_b(), copy, fs::copy_options::recursive);
-  const Cmd r = report(q(run_b()) + " " + q(copy) + " -o " + q(tmp_root() / "same.html"));
-  ASSERT_EQ(r.code, 0) << r.err;
-  const nlohmann::json d = page_data(slurp(tmp_root() / "same.html"));
+  const nlohmann::json d = page_data(slurp(html_same()));
   // Same run.name twice: the names are told apart by directory.
   EXPECT_EQ(d["runs"][1]["name"], "run_b (" + copy.string() + ")");
   ASSERT_EQ(d["distance"].size(), 1u);
@@ -564,7 +577,7 @@ TEST(ReportHtml, RendersInChromium) {
   std::printf("  screenshot %s, %zu panels\n", r.png.c_str(), r.panels.size());
 
   // Identical runs: the page says so in words.
-  const Render same = render(tmp_root() / "same.html", "report_same.png");
+  const Render same = render(html_same(), "report_same.png");
   expect_clean(same);
   EXPECT_NE(same.dom.find("the weights are identical to the reference at every compared step"), std::string::npos);
 }
