@@ -344,9 +344,11 @@ int main(int argc, char** argv) {
                      " study command again to resume it\n", i + 1, n, r.name.c_str(), code);
         return code;
       }
-      if (code != 0)
-        fail("run ", i + 1, "/", n, " ", r.name, " failed (train exit status ", code, "); its log: ", r.dir,
-             "/train.log");
+      if (code != 0) {
+        const std::string log = r.dir + "/train.log";
+        fail("run ", i + 1, "/", n, " ", r.name, " failed (train exit status ", code, "); ",
+             fs::exists(log) ? "its log: " + log : "train's error is above (it stopped before writing " + log + ")");
+      }
       if (!has_final_checkpoint_line(fs::path(r.dir) / "metrics.jsonl", r.max_steps))
         fail("run ", i + 1, "/", n, " ", r.name, ": train ended without the step ", r.max_steps,
              " checkpoint line in ", r.dir, "/metrics.jsonl; its log: ", r.dir, "/train.log");
