@@ -4,8 +4,17 @@
 // report.html; a second invocation skips every run and changes no run file; a run left
 // half done by `train --stop-after` is resumed to the same weights as an uninterrupted one;
 // a changed study is refused on the existing runs; bad study files give one-line errors
-// naming the file and the key and start nothing; a failing run stops the study naming it.
+// naming the file and the key and start nothing; a failing run stops the study naming it;
+// Ctrl-C stops the running train with a checkpoint and the same command resumes it.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
 
 #include <algorithm>
 #include <filesystem>
@@ -300,6 +309,54 @@ TEST(Study, AFailingRunStopsTheStudyNamingIt) {
   EXPECT_EQ(c.out.find("run 3/3"), std::string::npos) << c.out;
   EXPECT_FALSE(fs::exists(out / "never"));
   EXPECT_EQ(checkpoint_lines(out / "good").size(), 2u);
+}
+
+TEST(Study, InterruptStopsTheRunWithACheckpointAndTheSameCommandResumes) {
+  const fs::path out = tmp_root() / "interrupted";
+  const fs::path file = study_file("long.yaml",
+                                   "set: {train.max_steps: 1500, train.log_every: 1000, hooks.every: 0,"
+                                   " train.eval_every: 0}\ncheckpoints: 1\nruns: [{name: a}, {name: b}]\n");
+  const fs::path log = tmp_root() / "interrupted.log";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(ST_STUDY_BIN, ST_STUDY_BIN, file.c_str(), "--out", out.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Once run a is training (its first metrics line), SIGINT to the study alone, as a
+  // terminal's Ctrl-C reaches it: the study forwards it to train.
+  std::error_code ec;
+  for (int i = 0; i < 300 && !(fs::exists(out / "a" / "metrics.jsonl", ec) &&
+                               fs::file_size(out / "a" / "metrics.jsonl", ec) > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  const std::string console = slurp(log);
+  if (WEXITSTATUS(status) == 0) GTEST_SKIP() << "run a finished before the signal came: " << console;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << console;
+  EXPECT_NE(console.find("study: run 1/2 a stopped by a signal (train exit status 130); run the same study"
+                         " command again to resume it"),
+            std::string::npos)
+      << console;
+  EXPECT_FALSE(fs::exists(out / "b"));
+  const auto ck = checkpoint_lines(out / "a");
+  ASSERT_EQ(ck.size(), 1u);  // the stop's checkpoint
+  const int stopped_at = ck.begin()->first;
+  EXPECT_LT(stopped_at, 1500);
+
+  const Cmd c = study(file.string() + " --out " + out.string());
+  ASSERT_EQ(c.code, 0) << c.out << c.err;
+  char ckpt[32];
+  std::snprintf(ckpt, sizeof ckpt, "ckpt_%08d.bin", stopped_at);
+  EXPECT_NE(c.out.find(std::string("study: run 1/2 a: resuming from ") + ckpt + "\n"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("(1 trained, 1 resumed, 0 skipped)"), std::string::npos) << c.out;
+  EXPECT_TRUE(checkpoint_lines(out / "a").count(1500));
+  EXPECT_TRUE(checkpoint_lines(out / "b").count(1500));
 }
 
 }  // namespace
