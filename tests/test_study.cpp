@@ -359,4 +359,18 @@ TEST(Study, InterruptStopsTheRunWithACheckpointAndTheSameCommandResumes) {
   EXPECT_TRUE(checkpoint_lines(out / "b").count(1500));
 }
 
+// The shipped study files pass every check (a dry run from the repository root, where their
+// paths point): a config key renamed later would fail here, not after hours of runs.
+TEST(Study, ShippedStudyFilesPassTheirChecks) {
+  const fs::path out = tmp_root() / "shipped";
+  const Cmd c = run_cmd("cd " ST_SOURCE_DIR " && " ST_STUDY_BIN " configs/studies/tiny_backends.yaml --dry-run --out " +
+                        out.string());
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("8 runs (axes attention.backend x run.seed and 2 from runs:)"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("train.ckpt_every 50 on every run; reference backend-baseline_seed-1"), std::string::npos)
+      << c.out;
+  EXPECT_EQ(count(c.out, ": to train\n"), 8) << c.out;
+  EXPECT_FALSE(fs::exists(out));
+}
+
 }  // namespace
