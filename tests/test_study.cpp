@@ -359,6 +359,21 @@ TEST(Study, InterruptStopsTheRunWithACheckpointAndTheSameCommandResumes) {
   EXPECT_TRUE(checkpoint_lines(out / "b").count(1500));
 }
 
+// compare refuses runs of different model shapes; the report is still written and the study
+// ends with status 1 naming compare.
+TEST(Study, AFailedCompareStillWritesTheReport) {
+  const fs::path out = tmp_root() / "shapes";
+  const fs::path file = study_file("shapes.yaml", "checkpoints: 2\naxes:\n  model.n_embd: [16, 32]\n");
+  const Cmd c = study(file.string() + " --out " + out.string());
+  EXPECT_EQ(c.code, 1);
+  EXPECT_NE(c.out.find("study: run 2/2 n_embd-32\n"), std::string::npos) << c.out;
+  EXPECT_NE(c.err.find("different model shapes"), std::string::npos) << c.err;  // compare's own line
+  EXPECT_NE(c.err.find("study: error: compare failed (exit status 1"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("written: " + out.string() + "/report.html;"), std::string::npos) << c.err;
+  EXPECT_TRUE(fs::exists(out / "report.html"));
+  EXPECT_EQ(c.out.find("study: done"), std::string::npos) << c.out;
+}
+
 // The shipped study files pass every check (a dry run from the repository root, where their
 // paths point): a config key renamed later would fail here, not after hours of runs.
 TEST(Study, ShippedStudyFilesPassTheirChecks) {

@@ -357,17 +357,21 @@ int main(int argc, char** argv) {
 
     std::vector<std::string> dirs;
     for (const StudyRun& r : s.runs) dirs.push_back(r.dir);
-    std::string outputs;
+    std::string outputs, failed;  // a failed compare does not keep the report from being written
     if (!compare.empty()) {
       std::vector<std::string> a{compare};
       a.insert(a.end(), dirs.begin(), dirs.end());
       a.insert(a.end(), {"-o", s.out_dir + "/compare.csv"});
       if (s.top >= 0) a.insert(a.end(), {"--top", std::to_string(s.top)});
       if (s.diverge_tol > 0) a.insert(a.end(), {"--diverge-tol", num(s.diverge_tol)});
-      std::printf("study: compare %s against the other %zu runs\n", s.reference.c_str(), n - 1);
+      std::printf("study: compare %s against %zu other run%s\n", s.reference.c_str(), n - 1, n == 2 ? "" : "s");
       const int code = run_child(a);
-      if (code != 0) fail("compare failed (exit status ", code, "): ", shell_words(a));
-      outputs += " " + s.out_dir + "/compare.csv, " + s.out_dir + "/compare_loss.csv;";
+      if (code != 0) {
+        failed = "compare failed (exit status " + std::to_string(code) + ", its error is above): " + shell_words(a);
+        std::fprintf(stderr, "study: %s; the report is written all the same\n", failed.c_str());
+      } else {
+        outputs += " " + s.out_dir + "/compare.csv, " + s.out_dir + "/compare_loss.csv;";
+      }
     }
     if (!report.empty()) {
       std::vector<std::string> a{report};
@@ -380,9 +384,13 @@ int main(int argc, char** argv) {
         a.insert(a.end(), {"--reference", dirs.front()});
       std::printf("study: report of the %zu runs (reference %s first)\n", n, s.reference.c_str());
       const int code = run_child(a);
-      if (code != 0) fail("report failed (exit status ", code, "): ", shell_words(a));
+      if (code != 0)
+        fail(failed.empty() ? "" : failed + "; ", "report failed (exit status ", code, ", its error is above): ",
+             shell_words(a));
       outputs += " " + s.out_dir + "/report.html;";
     }
+    if (!failed.empty()) fail(failed, " (the runs are done", outputs.empty() ? std::string() : "; written:" + outputs,
+                               " run the same command again after a fix, or set compare: {enabled: false})");
     std::printf("study: done: %zu runs in %s (%d trained, %d resumed, %d skipped);%s resolved study %s/study.yaml\n",
                 n, s.out_dir.c_str(), trained, resumed, skipped, outputs.c_str(), s.out_dir.c_str());
   } catch (const std::bad_alloc&) {
