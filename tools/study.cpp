@@ -28,14 +28,12 @@
 
 #include <cerrno>
 #include <charconv>
-#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <new>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -141,7 +139,7 @@ struct RunState {
   std::string checkpoint;  // kResume: the newest checkpoint's file name
 };
 
-// The step of the newest metrics.jsonl checkpoint line whose step is `final_step`, or -1.
+// Whether metrics.jsonl holds the checkpoint line of step `final_step` (a cut-off line is skipped).
 bool has_final_checkpoint_line(const fs::path& metrics, int64_t final_step) {
   std::ifstream f(metrics);
   for (std::string line; std::getline(f, line);) {

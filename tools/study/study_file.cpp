@@ -194,7 +194,7 @@ Study load_study(const std::string& path, const std::string& out_override) {
   };
 
   rd.for_keys(root, "", {std::begin(kTopKeys), std::end(kTopKeys)},
-              [&](const std::string& k, const YAML::Node& key_node, const YAML::Node& v) {
+              [&](const std::string& k, const YAML::Node&, const YAML::Node& v) {
     if (k == "base") {
       s.base = rd.text(v, k);
       base_node = v;
@@ -265,7 +265,6 @@ Study load_study(const std::string& path, const std::string& out_override) {
           s.max_checkpoints = static_cast<int>(rd.integer(rv, "report.max_checkpoints", 2, 100000));
       });
     }
-    (void)key_node;
   });
 
   if (s.base.empty()) fail(path, ": base: is missing (the config file every run starts from)");
