@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "report_page.h"
 #include "test_util.h"
 #include "tools/report/run_data.h"
 #include "tools/report/html_report.h"
@@ -25,6 +26,11 @@
 namespace fs = std::filesystem;
 using st::test::sh;
 using st::test::slurp;
+using st::test::dump_panels;
+using st::test::expect_clean;
+using st::test::page_data;
+using st::test::Render;
+using st::test::render_page;
 
 namespace {
 
@@ -301,17 +307,6 @@ TEST(ReportCsv, HeaderDrivenEmptyFieldsAndIncompleteLines) {
 
 namespace {
 
-// The JSON document the page draws (<script id="report-data">), parsed.
-nlohmann::json page_data(const std::string& html) {
-  const std::string open = "<script id=\"report-data\" type=\"application/json\">";
-  const size_t a = html.find(open);
-  if (a == std::string::npos) return nullptr;
-  const size_t b = html.find("</script>", a);
-  std::string text = html.substr(a + open.size(), b - a - open.size());
-  text = std::regex_replace(text, std::regex("<\\\\/"), "</");
-  return nlohmann::json::parse(text);
-}
-
 // Loss per step of a run's metrics.jsonl (training lines), read here independently.
 std::map<int64_t, double> losses(const fs::path& dir, const char* key) {
   std::map<int64_t, double> m;
@@ -321,63 +316,6 @@ std::map<int64_t, double> losses(const fs::path& dir, const char* key) {
     if (j.is_object() && j.contains(key) && j.contains("step")) m[j["step"].get<int64_t>()] = j[key].get<double>();
   }
   return m;
-}
-
-struct Render {
-  std::string dom, log;
-  std::map<std::string, int> panels;  // data-panel -> data-series
-  fs::path png;
-};
-
-// Renders a page in headless Chromium (Debian `chromium`): the DOM after its scripts ran,
-// the browser's log (every console message of the page is logged as "CONSOLE"), the
-// panels the page drew with their series counts, and a screenshot of the page's top (a
-// test artefact under the build folder's test_artifacts/).
-Render render(const fs::path& html, const std::string& shot_name) {
-  Render r;
-  const std::string chromium = ST_CHROMIUM;
-  EXPECT_TRUE(fs::exists(chromium)) << "chromium not found at " << chromium
-                                    << " (Debian: apt-get install chromium); the render check needs it";
-  const fs::path art = fs::path(ST_ARTIFACT_DIR);
-  fs::create_directories(art);
-  r.png = art / shot_name;
-  const fs::path dom = tmp_root() / (shot_name + ".dom.html"), log = tmp_root() / (shot_name + ".log");
-  const std::string common = "timeout 180 " + chromium +
-                             " --headless=new --no-sandbox --disable-gpu --hide-scrollbars --no-first-run"
-                             " --disable-extensions --enable-logging=stderr --v=0 --virtual-time-budget=5000"
-                             " --user-data-dir=" + q(tmp_root() / "chromium_profile") + " ";
-  const std::string url = "file://" + fs::absolute(html).string();
-  EXPECT_EQ(sh(common + "--window-size=1400,2400 --screenshot=" + q(r.png) + " " + q(url) + " >/dev/null 2>" + q(log)),
-            0) << slurp(log);
-  r.log = slurp(log);
-  EXPECT_EQ(sh(common + "--dump-dom " + q(url) + " >" + q(dom) + " 2>" + q(log)), 0) << slurp(log);
-  r.log += slurp(log);
-  r.dom = slurp(dom);
-  const std::regex re("data-panel=\"([^\"]*)\" data-series=\"([0-9]+)\"");
-  for (auto it = std::sregex_iterator(r.dom.begin(), r.dom.end(), re); it != std::sregex_iterator(); ++it)
-    r.panels[(*it)[1]] = std::stoi((*it)[2]);
-  return r;
-}
-
-// A page with no script error: the page's own count, no console output at all (the page
-// logs nothing), nothing blocked or fetched.
-void expect_clean(const Render& r) {
-  EXPECT_NE(r.dom.find("data-rendered=\"1\""), std::string::npos) << "the page's script did not finish";
-  EXPECT_NE(r.dom.find("data-errors=\"0\""), std::string::npos) << "the page caught a script error";
-  EXPECT_EQ(r.log.find("CONSOLE"), std::string::npos) << r.log;
-  EXPECT_EQ(r.log.find("Uncaught"), std::string::npos) << r.log;
-  EXPECT_EQ(r.log.find("net::ERR"), std::string::npos) << r.log;
-  EXPECT_EQ(r.log.find("Refused to"), std::string::npos) << r.log;
-  const std::string p = slurp(r.png);
-  ASSERT_GT(p.size(), 24u) << "no screenshot";
-  EXPECT_EQ(p.substr(1, 3), "PNG");
-  EXPECT_GT(p.size(), 100000u) << "the screenshot is nearly blank";
-}
-
-std::string dump_panels(const std::map<std::string, int>& m) {
-  std::string s;
-  for (const auto& [k, v] : m) s += "  " + k + ": " + std::to_string(v) + "\n";
-  return s;
 }
 
 fs::path html_ab() {
@@ -559,7 +497,7 @@ TEST(ReportHtml, IdenticalRunsHaveZeroDistanceAndOneRunSaysSo) {
 }
 
 TEST(ReportHtml, RendersInChromium) {
-  const Render r = render(html_ab(), "report_ab.png");
+  const Render r = render_page(html_ab(), "report_ab.png", tmp_root());
   expect_clean(r);
   // Run A (synthetic hook files, no grad_norms.csv) and run B (no hooks), both with
   // validation losses: the panels and series the page must draw.
@@ -577,7 +515,7 @@ TEST(ReportHtml, RendersInChromium) {
   std::printf("  screenshot %s, %zu panels\n", r.png.c_str(), r.panels.size());
 
   // Identical runs: the page says so in words.
-  const Render same = render(html_same(), "report_same.png");
+  const Render same = render_page(html_same(), "report_same.png", tmp_root());
   expect_clean(same);
   EXPECT_NE(same.dom.find("the weights are identical to the reference at every compared step"), std::string::npos);
 }
@@ -768,7 +706,7 @@ TEST(RealHooks, ReportOnARunWithHooksEvery5) {
   EXPECT_EQ(checked, g2.size());
 
   // Both runs drawn on shared panels: run_hooks' and run A's heads in one spectral panel.
-  const Render r = render(out, "report_hooks.png");
+  const Render r = render_page(out, "report_hooks.png", tmp_root());
   expect_clean(r);
   EXPECT_EQ(r.panels.at("grad:embeddings"), 1);
   EXPECT_EQ(r.panels.at("grad:L1"), 1);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "report_page.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -167,9 +168,27 @@ TEST(Study, RunsEveryRunWithAlignedCheckpointsThenCompareAndReport) {
     EXPECT_GT(count(csv, "\n" + kRuns[0] + "," + kRuns[i] + ",8,"), 0) << kRuns[i];
   }
   EXPECT_TRUE(fs::exists(out / "compare_loss.csv"));
-  const std::string html = slurp(out / "report.html");
-  EXPECT_NE(html.find("<html"), std::string::npos);
-  for (const auto& r : kRuns) EXPECT_NE(html.find(r), std::string::npos) << r;
+  // The report: the 6 runs, the reference first, every other run's weights against it at
+  // both checkpoint steps; drawn by headless Chromium without an error, every per-layer
+  // panel overlaying the runs (the 1-layer, 2-head model: heads x runs per panel).
+  const nlohmann::json page = st::test::page_data(slurp(out / "report.html"));
+  ASSERT_TRUE(page.is_object()) << "report.html has no data document";
+  ASSERT_EQ(page["runs"].size(), kRuns.size());
+  for (size_t i = 0; i < kRuns.size(); ++i) EXPECT_EQ(page["runs"][i]["name"], kRuns[i]);
+  EXPECT_EQ(page["reference"], 0);
+  ASSERT_EQ(page["distance"].size(), kRuns.size() - 1);
+  for (const auto& d : page["distance"]) {
+    EXPECT_EQ(d["against"], 0);
+    EXPECT_EQ(d["pairs"], nlohmann::json::parse(R"([{"a":4,"b":4},{"a":8,"b":8}])"));
+  }
+  const st::test::Render shot = st::test::render_page(out / "report.html", "study_report.png", tmp_root());
+  st::test::expect_clean(shot);
+  EXPECT_EQ(shot.panels.at("loss"), 12) << st::test::dump_panels(shot.panels);  // 6 runs' loss and val loss
+  EXPECT_EQ(shot.panels.at("dloss"), 5);
+  EXPECT_EQ(shot.panels.at("grad:L0"), 6);
+  EXPECT_EQ(shot.panels.at("spectral:wq:L0"), 12);
+  EXPECT_EQ(shot.panels.at("attention:max_logit:L0"), 12);
+  EXPECT_EQ(shot.panels.at("distance:w1n:qkvw:L0"), 5);
   EXPECT_NE(console.find("study: done: 6 runs in " + out.string() + " (6 trained, 0 resumed, 0 skipped)"),
             std::string::npos)
       << console;
