@@ -511,7 +511,8 @@ TEST(ReportHtml, RendersInChromium) {
   };
   EXPECT_EQ(r.panels, want) << dump_panels(r.panels);
   EXPECT_NE(r.dom.find("Training stability report"), std::string::npos);
-  EXPECT_NE(r.dom.find("no spectral.csv: the run had hooks.every: 0"), std::string::npos);
+  EXPECT_NE(r.dom.find("run_b: no spectral.csv: the run had hooks.every: 0"), std::string::npos);
+  EXPECT_NE(r.dom.find("run_a: spectral.csv: skipped an incomplete last line"), std::string::npos);
   std::printf("  screenshot %s, %zu panels\n", r.png.c_str(), r.panels.size());
 
   // Identical runs: the page says so in words.

@@ -59,6 +59,9 @@
     return 'rgba(' + (n >> 16) + ',' + ((n >> 8) & 255) + ',' + (n & 255) + ',' + a + ')';
   }
   const layerName = (l) => (l < 0 ? 'embeddings' : 'L' + l);
+  // Steps are whole numbers: ticks at 1, 2, 5 x 10^k.
+  const STEP_INCRS = [];
+  for (let m = 1; m <= 1e9; m *= 10) STEP_INCRS.push(m, 2 * m, 5 * m);
 
   // Series with their own x values -> uPlot's [xs, ys...] on the union of the x values.
   function align(list) {
@@ -206,7 +209,8 @@
       cursor: { sync: { key: 'st', setSeries: false }, focus: { prox: 16 }, drag: { x: true, y: false } },
       focus: { alpha: 0.35 },
       axes: [
-        { label: spec.xlabel || 'step', size: 36, labelSize: 16, font: '11px system-ui', labelFont: '11px system-ui' },
+        { label: spec.xlabel || 'step', size: 36, labelSize: 16, font: '11px system-ui', labelFont: '11px system-ui',
+          incrs: STEP_INCRS },
         { size: 56, font: '11px system-ui', values: (u, vals) => vals.map((v) => (v == null ? '' : fmt(v, 3))) },
       ],
       hooks: {
@@ -245,6 +249,12 @@
     return s;
   }
   function note(parent, text) { parent.append(el('p', { class: 'note' }, text)); }
+  // One line per distinct note, naming the runs it holds for: "runs a, b: no spectral.csv: ...".
+  function runNotes(parent, pairs) {
+    const by = new Map();
+    for (const [run, text] of pairs) if (text) { if (!by.has(text)) by.set(text, []); by.get(text).push(R[run].name); }
+    for (const [text, names] of by) note(parent, names.join(', ') + ': ' + text);
+  }
   function select(parent, key, label, options, onchange) {
     const cur = state.sel[key] && options.some((o) => o[0] === state.sel[key]) ? state.sel[key] : options[0][0];
     state.sel[key] = cur;
@@ -445,9 +455,11 @@
     sm.addEventListener('change', () => { applySmoothing(Number(sm.value)); saveState(); });
     if (state.smooth > 1) applySmoothing(state.smooth);
     // Events.
+    const eventNotes = [];
     R.forEach((r, i) => {
-      if (!r.files.events.present) { if (r.files.events.note) note(s, r.name + ': ' + r.files.events.note); return; }
-      if (!r.events.length) { note(s, r.name + ': events.jsonl holds no events'); return; }
+      if (r.files.events.note) eventNotes.push([i, r.files.events.note]);
+      if (!r.files.events.present) return;
+      if (!r.events.length) { eventNotes.push([i, 'events.jsonl holds no events']); return; }
       s.append(el('h3', {}, el('span', { class: 'swatch', style: 'background:' + color(i) }), r.name + ': ' + r.events.length +
         ' event' + (r.events.length === 1 ? '' : 's') + ' (events.jsonl)'));
       const tb = el('tbody');
@@ -455,6 +467,7 @@
       s.append(el('table', {}, el('thead', {}, el('tr', {}, el('th', {}, 'step'), el('th', {}, 'event'))), tb));
       if (r.events.length > 25) note(s, 'first 25 of ' + r.events.length);
     });
+    runNotes(s, eventNotes);
   }
 
   // ------------------------------------------------------------------ 2. grad norms per layer
@@ -464,10 +477,8 @@
       'gradient, unscaled, before clipping; per layer the norm over its tensors, per-head slices not counted twice; ' +
       '<i>embeddings</i>: <code>wte wpe lnfw lnfb</code>). One panel per layer, runs as colours, one log scale.');
     const rows = [];
-    R.forEach((r, i) => {
-      if (!r.files.grad.present) { note(s, r.name + ': ' + r.files.grad.note); return; }
-      for (const g of r.grad) rows.push({ run: i, l: g.l, h: -1, x: g.x, y: g.y });
-    });
+    runNotes(s, R.map((r, i) => [i, r.files.grad.note]));
+    R.forEach((r, i) => { for (const g of r.grad) rows.push({ run: i, l: g.l, h: -1, x: g.x, y: g.y }); });
     if (rows.length) smallMultiples(s, 'grad', rows, { ylog: true, points: true });
   }
 
@@ -494,7 +505,8 @@
       'matrices: a line per run. One panel per layer, one log scale shared by all panels and runs; the readout ' +
       'gives each run\'s largest and smallest head at the hovered step.');
     const mats = new Set();
-    R.forEach((r) => { if (!r.files.spectral.present) note(s, r.name + ': ' + r.files.spectral.note); r.spectral.forEach((x) => mats.add(x.m)); });
+    runNotes(s, R.map((r, i) => [i, r.files.spectral.note]));
+    R.forEach((r) => r.spectral.forEach((x) => mats.add(x.m)));
     const order = ['wq', 'wk', 'wv', 'wo', 'qkvw', 'attprojw', 'fcw', 'fcprojw', 'wte'];
     const options = order.filter((m) => mats.has(m) || (m === 'wte' && mats.has('wpe'))).map((m) => [m, m === 'wte' ? 'wte, wpe (embeddings)' : MATRIX_TEXT[m]]);
     for (const m of mats) if (!order.includes(m) && m !== 'wpe') options.push([m, m]);
@@ -517,7 +529,8 @@
       'exponentials P~ = 1 (per key tile for flash), and the mean row entropy. One panel per layer, a line per ' +
       'head in its run\'s colour, one scale shared by all panels and runs.');
     const stats = new Set();
-    R.forEach((r) => { if (!r.files.attn.present) note(s, r.name + ': ' + r.files.attn.note); r.attn.forEach((x) => stats.add(x.s)); });
+    runNotes(s, R.map((r, i) => [i, r.files.attn.note]));
+    R.forEach((r) => r.attn.forEach((x) => stats.add(x.s)));
     const TEXT = { max_logit: 'max logit', tied_row_frac: 'tied rows (fraction)', tied_in_tile_frac: 'tied in a tile (fraction)',
       p_one: 'P = 1 entries', p_tilde_one: 'P~ = 1 entries', entropy: 'entropy (nats)' };
     const options = Object.keys(TEXT).filter((k) => stats.has(k)).map((k) => [k, TEXT[k]]);
@@ -539,7 +552,8 @@
       'relative error of the head\'s W<sub>Q</sub> gradient; <code>dwq_cos_prev</code>: cosine between consecutive ' +
       'hook steps\' error directions (near 1: the error keeps pushing the same way).');
     const fields = new Set();
-    R.forEach((r) => { if (!r.files.drift.present) note(s, r.name + ': ' + r.files.drift.note); r.drift.forEach((x) => fields.add(x.f)); });
+    runNotes(s, R.map((r, i) => [i, r.files.drift.note]));
+    R.forEach((r) => r.drift.forEach((x) => fields.add(x.f)));
     const TEXT = { delta_drift_cum: 'running sum of the δ error', delta_drift: 'δ error per hook step',
       dwq_rel_err: 'relative W_Q gradient error', dwq_cos_prev: 'cosine with the previous error direction' };
     const options = Object.keys(TEXT).filter((k) => fields.has(k)).map((k) => [k, TEXT[k]]);
