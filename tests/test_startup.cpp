@@ -183,6 +183,52 @@ TEST(Progress, StepTimingSkipsWarmupAndHookSteps) {
   EXPECT_NE(timing_line(f, 5).find("10.0 ms/step"), std::string::npos) << timing_line(f, 5);
 }
 
+// The periodic lines' ETA: ordinary steps at their recent mean, hook steps, evaluations and
+// checkpoints at their last measured cost times the number still due; the window follows a
+// slowdown. Times are injected (no clock).
+TEST(Progress, RecentEtaCountsEverythingAndFollowsASlowdown) {
+  RecentEta e(0);
+  RecentEta::Left left;
+  left.steps = 100;
+  EXPECT_LT(e.eta(left), 0);  // nothing measured yet
+  EXPECT_EQ(format_eta(e.eta(left)), "?");
+  double now = 0;
+  e.step(1, now += 9, 9.0, false);  // warm-up: not measured
+  e.step(2, now += 9, 9.0, false);
+  EXPECT_LT(e.eta(left), 0);
+  for (int s = 3; s <= 52; ++s) e.step(s, now += 1, 1.0, false);
+  EXPECT_DOUBLE_EQ(e.per_step(), 1.0);
+  EXPECT_DOUBLE_EQ(e.eta(left), 100.0);
+  // A hook step (5 s), an evaluation (20 s) and a checkpoint (3 s) are measured once and
+  // counted as often as the schedule still holds them; a hook step leaves the window alone.
+  e.step(53, now += 5, 5.0, true);
+  e.evaluation(20.0);
+  e.checkpoint(3.0);
+  EXPECT_DOUBLE_EQ(e.per_step(), 1.0);
+  left.hook_steps = 10;
+  left.evals = 4;
+  left.checkpoints = 2;
+  EXPECT_DOUBLE_EQ(e.eta(left), 90 * 1.0 + 10 * 5.0 + 4 * 20.0 + 2 * 3.0);
+  // The machine gets busier: 50 steps of 3 s, well over a minute, push the 1 s steps out of
+  // the window, so the ETA triples instead of creeping up as a whole-run mean would.
+  for (int s = 54; s <= 103; ++s) e.step(s, now += 3, 3.0, false);
+  EXPECT_EQ(e.window_steps(), RecentEta::kWindowSteps);
+  EXPECT_DOUBLE_EQ(e.per_step(), 3.0);
+  EXPECT_DOUBLE_EQ(e.eta(left), 90 * 3.0 + 10 * 5.0 + 4 * 20.0 + 2 * 3.0);
+  // Fast steps: the window keeps every step of the last minute (more than 50) ...
+  RecentEta f(100);
+  now = 0;
+  for (int s = 101; s <= 400; ++s) f.step(s, now += 0.1, 0.1, false);
+  EXPECT_EQ(f.window_steps(), 298);  // steps 103-400: 29.8 s, all within the minute
+  // ... and a slow segment inside it raises the ETA above the fast steps' alone.
+  RecentEta::Left l10;
+  l10.steps = 10;
+  const double before = f.eta(l10);
+  for (int s = 401; s <= 410; ++s) f.step(s, now += 2.0, 2.0, false);
+  EXPECT_GT(f.eta(l10), before);
+  EXPECT_NEAR(f.per_step(), (298 * 0.1 + 10 * 2.0) / 308, 1e-12);
+}
+
 TEST(Progress, SlowHookLinesAtMostEveryFiveSeconds) {
   SlowProgress p;
   EXPECT_FALSE(p.due(0.5));

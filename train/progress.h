@@ -1,11 +1,12 @@
 // Progress lines of a run (header-only): when the one "timing:" line with the measured time
-// per step and the ETA is due (Run::go), how it reads, and the at-most-every-5-s progress
-// lines of a slow hook (train/hooks.cpp). Times are passed in, so the decisions are tested
-// without clocks (tests/test_progress.cpp).
+// per step and the ETA is due (Run::go), how it reads, the ETA of the periodic step lines
+// (RecentEta), and the at-most-every-5-s progress lines of a slow hook (train/hooks.cpp).
+// Times are passed in, so the decisions are tested without clocks (tests/test_startup.cpp).
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <string>
 
 namespace st {
@@ -89,6 +90,71 @@ inline std::string timing_line(const StepTiming& t, int64_t steps_left) {
          format_eta(ps * static_cast<double>(steps_left)) +
          " (excluding evaluation, checkpoints and hook steps)";
 }
+
+// The ETA of the periodic step lines (train.log_every), from what the run really spends and
+// recently: a user saw "ETA 2m34" with 11 minutes left when the ETA was the mean training
+// step of the whole invocation times the steps left (evaluation, checkpoints and hook steps
+// left out; a machine that got busier not seen). Here
+//   ETA = ordinary steps left x their mean time over a recent window
+//       + hook steps left x the last hook step's time
+//       + evaluations left x the last evaluation's time
+//       + checkpoints left x the last checkpoint's time.
+// The window holds the latest ordinary steps (not hook steps, not the invocation's first
+// two: allocation and warm-up) ending within kWindowSeconds of the newest one, and at least
+// the last kWindowSteps of them, so a slowdown shows within about a minute (or 50 steps)
+// while a few fast steps do not swing it. Evaluation, checkpoints and hook steps recur less
+// often than the window turns over, so they are counted by their last occurrence and the
+// number the schedule still holds; until one was seen, a hook step counts as an ordinary
+// step and an evaluation or a checkpoint as 0 s.
+class RecentEta {
+ public:
+  static constexpr int kWindowSteps = 50;
+  static constexpr double kWindowSeconds = 60.0;
+  struct Left {
+    int64_t steps = 0, hook_steps = 0, evals = 0, checkpoints = 0;
+  };
+  explicit RecentEta(int64_t first_step) : first_(first_step) {}
+  // Step s's training part (hooks included) ended at `now` (seconds, any monotonic clock)
+  // and took step_s.
+  void step(int64_t s, double now, double step_s, bool hook_step) {
+    if (hook_step) {
+      last_hook_ = step_s;
+      return;
+    }
+    if (s <= first_ + 2) return;
+    window_.push_back({now, step_s});
+    while (static_cast<int>(window_.size()) > kWindowSteps &&
+           now - window_.front().end > kWindowSeconds)
+      window_.pop_front();
+  }
+  void evaluation(double seconds) { last_eval_ = seconds; }
+  void checkpoint(double seconds) { last_ckpt_ = seconds; }
+  // Seconds per ordinary step over the window; 0 before one was measured.
+  double per_step() const {
+    double sum = 0;  // summed afresh: a running sum would drift as steps leave the window
+    for (const Point& p : window_) sum += p.seconds;
+    return window_.empty() ? 0.0 : sum / static_cast<double>(window_.size());
+  }
+  int window_steps() const { return static_cast<int>(window_.size()); }
+  // Negative while no ordinary step was measured (printed "?").
+  double eta(const Left& left) const {
+    if (window_.empty()) return -1;
+    const double ps = per_step();
+    const double hook = last_hook_ > 0 ? last_hook_ : ps;
+    return static_cast<double>(left.steps - left.hook_steps) * ps +
+           static_cast<double>(left.hook_steps) * hook +
+           static_cast<double>(left.evals) * last_eval_ +
+           static_cast<double>(left.checkpoints) * last_ckpt_;
+  }
+
+ private:
+  struct Point {
+    double end, seconds;
+  };
+  int64_t first_;
+  std::deque<Point> window_;
+  double last_hook_ = 0, last_eval_ = 0, last_ckpt_ = 0;
+};
 
 // Progress of a slow hook: due when the hook has run for at least `after` seconds and the
 // last line is at least `every` seconds old.

@@ -34,17 +34,6 @@
 namespace st::detail {
 namespace {
 
-std::string fmt_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  char buf[32];
-  const long t = std::lround(s);
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  return buf;
-}
-
 // Peak (VmHWM) or current (VmRSS) resident set of this process, 0 if unknown.
 size_t rss_bytes(const char* field = "VmHWM:") {
   std::ifstream f("/proc/self/status");
@@ -220,6 +209,24 @@ TrainResult Run::go() {
   };
   double tok_time = 0;
   int64_t tok_count = 0;
+  RecentEta eta(step_);
+  // What the schedule still holds from step s on (its own evaluation and checkpoint, which
+  // follow its log line, included), up to train.max_steps: the periodic lines' ETA.
+  auto left_from = [&](int64_t s) {
+    RecentEta::Left l;
+    l.steps = max_steps - s;
+    const int64_t first = s - 1;  // step s's own evaluation and checkpoint are still to come
+    auto due = [&](int64_t every) {
+      if (max_steps <= first) return int64_t{0};
+      const int64_t n = every > 0 ? max_steps / every - first / every : 0;
+      return n + (every > 0 && max_steps % every == 0 ? 0 : 1);  // the run's last step has both
+    };
+    l.evals = due(cfg_.train.eval_every);
+    l.checkpoints = due(cfg_.train.ckpt_every);
+    if (hooks_->enabled())
+      for (int64_t k = s + 1; k <= max_steps; ++k) l.hook_steps += hooks_->is_hook_step(k);
+    return l;
+  };
   StepTiming timing(step_, [] {  // STABLETRAIN_TIMING_AFTER_S: tests print the line sooner
     const char* v = std::getenv("STABLETRAIN_TIMING_AFTER_S");
     return v && *v ? std::atof(v) : StepTiming::kMinSeconds;
@@ -348,22 +355,27 @@ TrainResult Run::go() {
     if (spike.spike) j["spike"] = true;
     if (spike.skip) j["spike_skipped"] = true;
     write_metrics(j);
+    eta.step(step_, elapsed() - elapsed_prev_, dt, hook_step);
     if (step_ % cfg_.train.log_every == 0 || step_ == stop) {
-      const double eta = (stop - step_) * (tok_time / static_cast<double>(step_ - res.first_step));
       log_->info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad {:.3f} | {:.0f} tok/s | ETA {}{}",
-                 step_, max_steps, loss, lr, st.grad_norm, tps, fmt_duration(eta),
+                 step_, max_steps, loss, lr, st.grad_norm, tps,
+                 format_eta(eta.eta(left_from(step_))),
                  st.skipped ? " | skipped (fp16 overflow)" : "");
     }
     if (timing.add(step_, dt, hook_step || probe_step, elapsed() - elapsed_prev_))
       log_->info("{}", timing_line(timing, max_steps - step_));
     const bool last = step_ == stop;
     if ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last) {
+      const auto te = std::chrono::steady_clock::now();
       res.val_loss = evaluate();
+      eta.evaluation(std::chrono::duration<double>(std::chrono::steady_clock::now() - te).count());
       log_->info("step {:>6} | val_loss {:.4f}", step_, res.val_loss);
       write_metrics({{"step", step_}, {"val_loss", res.val_loss}, {"elapsed", elapsed()}});
     }
     if ((cfg_.train.ckpt_every > 0 && step_ % cfg_.train.ckpt_every == 0) || last) {
+      const auto tk = std::chrono::steady_clock::now();
       res.weights_sha256 = save(step_, elapsed());
+      eta.checkpoint(std::chrono::duration<double>(std::chrono::steady_clock::now() - tk).count());
     }
     stop_sig = poll_stop();
   }
