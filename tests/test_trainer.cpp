@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "test_util.h"
@@ -174,6 +175,22 @@ TEST_P(Resume, TwoRunsIdenticalAndResumeIsBitExact) {
   const auto lc = steps((tmp_root() / ("c_" + prec)).string());
   EXPECT_EQ(la.size(), 20u);
   EXPECT_EQ(la, lc);
+  // Every line's first key is its kind, one kind per record type (pandas: df.kind).
+  std::map<std::string, int> kinds;
+  std::ifstream f(tmp_root() / ("c_" + prec) / "metrics.jsonl");
+  for (std::string l; std::getline(f, l);) {
+    const auto j = nlohmann::ordered_json::parse(l);
+    ASSERT_EQ(j.begin().key(), "kind") << l;
+    const std::string kind = j["kind"];
+    ++kinds[kind];
+    EXPECT_EQ(kind, j.contains("loss")         ? "train"
+                    : j.contains("val_loss")   ? "eval"
+                    : j.contains("checkpoint") ? "checkpoint"
+                                               : "?")
+        << l;
+  }
+  // 20 steps, evaluations at 10 and 20, checkpoints at 5, 10, 15, 20.
+  EXPECT_EQ(kinds, (std::map<std::string, int>{{"train", 20}, {"eval", 2}, {"checkpoint", 4}}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, Resume, ::testing::Values("fp32", "bf16", "fp16"));

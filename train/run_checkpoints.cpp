@@ -263,7 +263,8 @@ void Run::restore(const std::string& path) {
   // now, as the uninterrupted run did.
   if (!has_record && fs::path(path).filename() == checkpoint_name(step_)) {
     LogFile m(mpath);
-    m << nlohmann::ordered_json{{"step", step_},
+    m << nlohmann::ordered_json{{"kind", "checkpoint"},
+                                {"step", step_},
                                 {"checkpoint", checkpoint_name(step_)},
                                 {"weights_sha256", sha256_hex(s.master.data(), s.master.size())},
                                 {"elapsed", elapsed_prev_}}
@@ -360,7 +361,8 @@ std::string Run::save(int64_t step, double elapsed_s) {
   inject_fault(rank_, step, "ckpt_written");
   log_->info("checkpoint {} (step {}), weights sha256 {}", path, step, sha);
   // (A crash right here loses this record; --resume writes it again: Run::restore.)
-  write_metrics({{"step", step},
+  write_metrics({{"kind", "checkpoint"},
+                 {"step", step},
                  {"checkpoint", checkpoint_name(step)},
                  {"weights_sha256", sha},
                  {"elapsed", elapsed_s}});  // wall time: not in the checkpoint (format 3)

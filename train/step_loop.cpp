@@ -346,8 +346,10 @@ TrainResult Run::go() {
     res.comm_seconds += comm_s;
     tok_count += static_cast<int64_t>(B) * T * AW;
     res.losses.push_back(static_cast<float>(loss));
-    nlohmann::ordered_json j = {{"step", step_},       {"loss", loss},        {"lr", lr},
-                        {"grad_norm", st.grad_norm}, {"tokens_per_s", tps}, {"elapsed", elapsed()}};
+    nlohmann::ordered_json j = {{"kind", "train"},         {"step", step_},
+                                {"loss", loss},            {"lr", lr},
+                                {"grad_norm", st.grad_norm}, {"tokens_per_s", tps},
+                                {"elapsed", elapsed()}};
     if (model_->loss_scaler().enabled()) {
       j["loss_scale"] = st.loss_scale;
       j["skipped"] = st.skipped;
@@ -370,7 +372,8 @@ TrainResult Run::go() {
       res.val_loss = evaluate();
       eta.evaluation(std::chrono::duration<double>(std::chrono::steady_clock::now() - te).count());
       log_->info("step {:>6} | val_loss {:.4f}", step_, res.val_loss);
-      write_metrics({{"step", step_}, {"val_loss", res.val_loss}, {"elapsed", elapsed()}});
+      write_metrics({{"kind", "eval"}, {"step", step_}, {"val_loss", res.val_loss},
+                     {"elapsed", elapsed()}});
     }
     if ((cfg_.train.ckpt_every > 0 && step_ % cfg_.train.ckpt_every == 0) || last) {
       const auto tk = std::chrono::steady_clock::now();
