@@ -148,9 +148,9 @@ std::string distance_csv_line(int64_t step, const DistanceRow& r) {
   out += ',';
   out += r.tensor;
   out += ',';
-  if (r.layer >= 0) put_int(out, r.layer);
+  put_int(out, r.layer < 0 ? -1 : r.layer);  // -1: not per layer (an integer column)
   out += ',';
-  if (r.head >= 0) put_int(out, r.head);
+  put_int(out, r.head < 0 ? -1 : r.head);
   out += ',';
   put_double(out, r.w1);
   out += ',';

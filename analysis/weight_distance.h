@@ -23,7 +23,7 @@ double wasserstein1(std::vector<double> a, std::vector<double> b);  // exact; an
 
 struct DistanceRow {
   std::string tensor;
-  int layer = -1, head = -1;  // -1: not per layer / not per head (empty in CSV files)
+  int layer = -1, head = -1;  // -1: not per layer / not per head (-1 in CSV files too)
   double w1 = 0, w1_normalized = 0, max_abs_diff = 0;
 };
 
@@ -47,9 +47,9 @@ CheckpointWeights load_checkpoint_weights(const std::string& path);
 int64_t nearest_step(const std::map<int64_t, std::string>& have, int64_t step, int64_t max_gap);
 
 // CSV header and one line per row: "step,tensor,layer,head,w1,w1_normalized,max_abs_diff"
-// (the hooks' wasserstein.csv; compare.csv adds the runs' names in front). Numbers are
-// written as shortest round-trip decimals; layer/head are empty when -1. Neither the header
-// nor the line ends in a newline.
+// (the hooks' wasserstein.csv). Numbers are written as shortest round-trip decimals;
+// layer/head are -1 when not per layer / head (as in compare.csv; not empty, so pandas reads
+// the columns as integers). Neither the header nor the line ends in a newline.
 extern const char* const kDistanceCsvHeader;
 std::string distance_csv_line(int64_t step, const DistanceRow& r);
 

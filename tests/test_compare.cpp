@@ -449,14 +449,14 @@ TEST(compare_Distances, RowsFollowTheSlicesAndLocalizeAChange) {
   EXPECT_THROW(weight_distances(c, a, short_b), Error);
 }
 
-TEST(compare_Distances, CsvLineIsShortestRoundTripWithEmptyLayerAndHead) {
+TEST(compare_Distances, CsvLineIsShortestRoundTripWithMinusOneLayerAndHead) {
   EXPECT_STREQ(kDistanceCsvHeader, "step,tensor,layer,head,w1,w1_normalized,max_abs_diff");
   DistanceRow r;
   r.tensor = "wte";
   r.w1 = 0.1;
   r.w1_normalized = 1.0 / 3.0;
   r.max_abs_diff = 2.5e-8;
-  EXPECT_EQ(distance_csv_line(400, r), "400,wte,,,0.1,0.3333333333333333,2.5e-08");
+  EXPECT_EQ(distance_csv_line(400, r), "400,wte,-1,-1,0.1,0.3333333333333333,2.5e-08");
   r.tensor = "wq";
   r.layer = 3;
   r.head = 0;

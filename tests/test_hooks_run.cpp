@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -117,6 +118,22 @@ TEST(HooksRun, FilesAreCompleteAndConsistent) {
     EXPECT_GT(std::stod(r.at("sigma")), 0);
   }
   EXPECT_EQ(per_step.count("0"), 1u);
+  // layer / head: an integer in every row, -1 for "not per layer / head", so pandas reads
+  // the columns as int64 (an empty field made them float).
+  const std::regex index_re("-1|0|[1-9][0-9]*");
+  for (const char* f : {"spectral.csv", "grad_norms.csv", "attn_stats.csv", "delta_drift.csv"}) {
+    size_t minus_one = 0, rows = 0;
+    for (const auto& r : read_csv(d / f))
+      for (const char* c : {"layer", "head"}) {
+        EXPECT_TRUE(std::regex_match(r.at(c), index_re)) << f << " " << c << " '" << r.at(c) << "'";
+        minus_one += r.at(c) == "-1";
+        ++rows;
+      }
+    EXPECT_GT(rows, 0u) << f;
+    if (std::string(f) == "spectral.csv" || std::string(f) == "grad_norms.csv") {
+      EXPECT_GT(minus_one, 0u) << f << ": no whole-model or per-layer row";
+    }
+  }
 
   // grad_norms.csv: the whole-tensor rows combine to the grad_norm of metrics.jsonl.
   std::map<int, double> metric_gnorm;
@@ -124,7 +141,7 @@ TEST(HooksRun, FilesAreCompleteAndConsistent) {
     if (j.contains("grad_norm")) metric_gnorm[j["step"].get<int>()] = j["grad_norm"].get<double>();
   std::map<int, double> ss;
   for (const auto& r : read_csv(d / "grad_norms.csv"))
-    if (r.at("head").empty()) ss[std::stoi(r.at("step"))] += std::pow(std::stod(r.at("norm")), 2);
+    if (r.at("head") == "-1") ss[std::stoi(r.at("step"))] += std::pow(std::stod(r.at("norm")), 2);
   ASSERT_EQ(ss.size(), hook_steps.size());
   for (const auto& [step, s2] : ss)
     EXPECT_NEAR(std::sqrt(s2), metric_gnorm.at(step), 1e-9 * metric_gnorm.at(step)) << step;
@@ -282,7 +299,11 @@ TEST(HooksRun, ReferenceRunDistances) {
     EXPECT_EQ(std::stod(r.at("w1")), 0.0) << r.at("tensor");
     EXPECT_EQ(std::stod(r.at("max_abs_diff")), 0.0) << r.at("tensor");
   }
-  for (const auto& r : diff) max_w1 = std::max(max_w1, std::stod(r.at("w1")));
+  for (const auto& r : diff) {
+    max_w1 = std::max(max_w1, std::stod(r.at("w1")));
+    for (const char* c : {"layer", "head"})
+      EXPECT_TRUE(std::regex_match(r.at(c), std::regex("-1|0|[1-9][0-9]*"))) << c << " '" << r.at(c) << "'";
+  }
   EXPECT_GT(max_w1, 0);
 }
 

@@ -17,6 +17,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "report_page.h"
 #include "test_util.h"
@@ -89,17 +90,20 @@ std::string num(double v) {
 //   spectral wq: L0H0 2 -> 2.5 (x1.25), L0H1 1.5 -> 1.5, L1H0 3 -> 3.3 (x1.1), L1H1 1 -> 4 (x4)
 //   spectral wk: L0H1 2.5 -> 5 (x2), the others constant below 1.5
 //   delta drift: L1H1 errs +1e-7 at every hook step (one-signed), the others alternate
-void write_hook_files(const fs::path& dir, bool truncated_tail) {
+// `none` is the layer / head field of a row that is not per layer / head: "-1" as train
+// writes it, "" as files written before that have it.
+void write_hook_files(const fs::path& dir, bool truncated_tail, const std::string& none = "-1") {
   const int steps[] = {0, 5, 10, 15, 20};
   {
     std::ofstream f(dir / "spectral.csv");
     f << "step,layer,head,matrix,sigma,iters,converged\n";
     for (int s : steps) {
       const double t = s / 20.0;
-      f << s << ",,,wte," << num(4 + t) << ",7,1\n" << s << ",,,wpe," << num(1.5 + 0.3 * t) << ",7,1\n";
+      f << s << "," << none << "," << none << ",wte," << num(4 + t) << ",7,1\n"
+        << s << "," << none << "," << none << ",wpe," << num(1.5 + 0.3 * t) << ",7,1\n";
       for (int l = 0; l < 2; ++l) {
         const char* mats[] = {"qkvw", "attprojw", "fcw", "fcprojw"};
-        for (int m = 0; m < 4; ++m) f << s << "," << l << ",," << mats[m] << "," << num(2 + 0.2 * l + 0.1 * m + 0.2 * t) << ",9,1\n";
+        for (int m = 0; m < 4; ++m) f << s << "," << l << "," << none << "," << mats[m] << "," << num(2 + 0.2 * l + 0.1 * m + 0.2 * t) << ",9,1\n";
         for (int h = 0; h < 2; ++h) {
           const double wq[2][2] = {{2 + 0.5 * t, 1.5}, {3 + 0.3 * t, 1 + 3 * t}};
           const double wk = (l == 0 && h == 1) ? 2.5 + 2.5 * t : 1.0 + 0.1 * (2 * l + h);
@@ -278,6 +282,7 @@ TEST(ReportCsv, HeaderDrivenEmptyFieldsAndIncompleteLines) {
   EXPECT_EQ(t.rows[1][t.col("matrix")], "wte");
   EXPECT_EQ(st::report::to_index(t.rows[1][t.col("layer")]), -1);
   EXPECT_EQ(st::report::to_index(t.rows[0][t.col("head")]), 1);
+  EXPECT_EQ(st::report::to_index("-1"), -1);
   EXPECT_TRUE(std::isnan(st::report::to_num("")));
   EXPECT_TRUE(std::isnan(st::report::to_num("1.5x")));
   EXPECT_EQ(st::report::to_num("2.5e-3"), 2.5e-3);
@@ -301,6 +306,32 @@ TEST(ReportCsv, HeaderDrivenEmptyFieldsAndIncompleteLines) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("short.csv:2: 3 fields"), std::string::npos) << e.what();
   }
+}
+
+// The hooks write -1 for "not per layer / head"; files written before that have empty
+// fields. Both load to the same rows.
+TEST(ReportCsv, MinusOneAndEmptyLayerHeadLoadAlike) {
+  std::vector<st::report::SpectralRow> rows[2];
+  for (int k = 0; k < 2; ++k) {
+    const fs::path d = tmp_root() / (k == 0 ? "none_minus_one" : "none_empty");
+    fs::remove_all(d);
+    fs::create_directories(d);
+    for (const char* f : {"metrics.jsonl", "config.yaml"}) fs::copy_file(run_b() / f, d / f);
+    write_hook_files(d, false, k == 0 ? "-1" : "");
+    EXPECT_EQ(slurp(d / "spectral.csv").find(",-1,") != std::string::npos, k == 0);
+    rows[k] = st::report::load_run(d.string()).spectral;
+  }
+  ASSERT_EQ(rows[0].size(), rows[1].size());
+  size_t whole = 0, per_layer = 0;
+  for (size_t i = 0; i < rows[0].size(); ++i) {
+    const auto &a = rows[0][i], &b = rows[1][i];
+    EXPECT_EQ(std::tie(a.step, a.layer, a.head, a.matrix, a.sigma),
+              std::tie(b.step, b.layer, b.head, b.matrix, b.sigma)) << i;
+    whole += a.layer == -1 && a.head == -1;
+    per_layer += a.layer >= 0 && a.head == -1;
+  }
+  EXPECT_EQ(whole, 10u);      // wte, wpe at 5 steps
+  EXPECT_EQ(per_layer, 40u);  // 4 matrices x 2 layers at 5 steps
 }
 
 // ---------------------------------------------------------------- HTML
@@ -581,7 +612,7 @@ TEST(ReportBadInput, CorruptHookFilesAreOneLineErrors) {
   struct Case {
     std::string file, line, expect;
   } cases[] = {
-      {"spectral.csv", "60,2147483647,0,wq,1.0,3,1", "field 'layer' = '2147483647': expected a layer index in [0, 1]"},
+      {"spectral.csv", "60,2147483647,0,wq,1.0,3,1", "field 'layer' = '2147483647': expected -1 or a layer index in [0, 1]"},
       {"spectral.csv", "60,0,2147483647,wq,1.0,3,1", "field 'head' = '2147483647'"},
       {"spectral.csv", "60,2,0,wq,1.0,3,1", "field 'layer' = '2'"},
       {"spectral.csv", "60,-2,0,wq,1.0,3,1", "field 'layer' = '-2'"},

@@ -37,7 +37,8 @@ std::string num(double v) {
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
 }
-std::string idx(int i) { return i < 0 ? std::string() : std::to_string(i); }
+// -1: not per layer / not per head (an integer, so pandas reads the column as int64).
+std::string idx(int i) { return std::to_string(i < 0 ? -1 : i); }
 
 // Serialisation of the hook state: a flat little stream of u64 counts and f64 values.
 struct Writer {

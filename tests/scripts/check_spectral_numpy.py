@@ -25,6 +25,7 @@ def main():
         for row in csv.DictReader(f):
             if int(row["step"]) != step:
                 continue
+            # -1 (or empty, in files written before 2026-11-27): not per layer / head
             key = (row["matrix"], int(row["layer"]) if row["layer"] else -1,
                    int(row["head"]) if row["head"] else -1)
             ref = np.linalg.svd(mats[key], compute_uv=False)[0]

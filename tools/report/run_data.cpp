@@ -109,10 +109,11 @@ struct RowCtx {
   int64_t step(int c) const {
     return integer(c, 0, std::numeric_limits<int64_t>::max(), "an integer step >= 0");
   }
-  // A layer / head index below `n`; empty: -1 (a whole-model tensor).
+  // A layer / head index below `n`; -1, or empty as files written before the hooks wrote
+  // -1 have it: -1 (not per layer / head).
   int index(int c, int n, const char* what) const {
-    if (at(c).empty() || at(c) == "-1") return -1;  // not per layer / head (older files: empty)
-    return static_cast<int>(integer(c, 0, n - 1, "a " + std::string(what) + " index in [0, " +
+    if (at(c).empty() || at(c) == "-1") return -1;
+    return static_cast<int>(integer(c, 0, n - 1, "-1 or a " + std::string(what) + " index in [0, " +
                                                       std::to_string(n - 1) + "] (" + what +
                                                       "s of the run: " + std::to_string(n) + ")"));
   }
