@@ -346,6 +346,48 @@ TEST(TrainLog, MemoryEstimateBeforeTheFirstStepAndOneTimingLine) {
   EXPECT_LT(t, log.find("step      7/"));
 }
 
+// data.prepare_from writing the shards: each line on the console once, as it happens, and
+// once in train.log (the console had every line twice); a resume, with the shards there,
+// prepares nothing and says which data it reads once.
+TEST(TrainLog, DataPreparationLinesOnceOnConsoleAndInLog) {
+  const std::string dir = (tmp_root() / "prep").string();
+  const std::string cache = (tmp_root() / "prep_cache").string();
+  std::string y = base_yaml(dir, "fp32");
+  const size_t d = y.find("data: {"), e = y.find('\n', d);
+  y.replace(d, e - d, "data: {train_path: '" + cache + "/t_train_*.bin', val_path: '" + cache +
+                          "/t_val_*.bin', prepare_from: '" + text_file() +
+                          "', tokenizer: byte, val_fraction: 0.1}");
+  const std::string path = write_yaml("prep.yaml", y);
+  const fs::path out = tmp_root() / "prep_stdout.txt";
+  auto run = [&](const std::string& args) {
+    const std::string cmd = std::string(ST_TRAIN_BIN) + " --config " + path + " " + args + " >" +
+                            out.string() + " 2>&1";
+    return std::system(cmd.c_str());
+  };
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
+  };
+  ASSERT_EQ(run("--stop-after 1"), 0) << slurp(out);
+  const std::string console = slurp(out), log = slurp(dir + "/train.log");
+  // (" tokens from ": the train and the validation split's lines.)
+  const std::pair<const char*, size_t> lines[] = {
+      {"preparing ", 1}, {"input:", 1},           {"tokenizer:", 1},
+      {" tokens from ", 2}, {"time:", 1},         {"memory estimate: ", 1}};
+  for (const auto& [s, want] : lines) {
+    EXPECT_EQ(count(console, s), want) << s << " in\n" << console;
+    EXPECT_EQ(count(log, s), want) << s << " in\n" << log;
+  }
+  // Every data line (the description too) as often on the console as in train.log.
+  EXPECT_EQ(count(console, "data: "), count(log, "data: ")) << console;
+  EXPECT_GE(count(log, "data: "), 7u) << log;
+  ASSERT_EQ(run("--resume --stop-after 2"), 0) << slurp(out);
+  const std::string again = slurp(out);
+  EXPECT_EQ(count(again, "data: preparing "), 0u) << again;
+  EXPECT_EQ(count(again, "data: "), 1u) << again;
+}
+
 // With run.threads auto the steps that try thread counts run at counts the run may not
 // keep: the timing line starts after the step that reports the choice.
 TEST(TrainLog, TimingLineLeavesOutThreadProbes) {

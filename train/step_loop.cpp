@@ -143,15 +143,16 @@ TrainResult Run::go() {
   log_->info("stabletrain: {} on {} | GPT-2 L={} H={} C={} T={} V={} ({:.2f}M params) | {}",
              cfg_.run.name, be_->name(), mc.n_layer, mc.n_head, mc.n_embd, mc.max_seq_len,
              mc.vocab_size, model_->num_params() / 1e6, cfg_.precision.compute);
-  log_->info("data: {}", data_.description);
-  for (const std::string& l : data_notes_) log_->info("data: {}", l);
-  if (!memory_.resident.empty()) {
-    if (opt_.console && lead()) {  // already on the console (Run::build): train.log only
-      spdlog::logger file_only("train.log", log_->sinks().front());
-      file_only.info("{}", memory_line());
-    } else {
-      log_->info("{}", memory_line());
-    }
+  {
+    // The data preparation lines and the memory estimate were printed on the console as
+    // they happened (Run::build): train.log gets them once more, the console not.
+    const bool on_console = opt_.console && lead();
+    std::unique_ptr<spdlog::logger> file_only;  // (train.log is the first sink: open_logs)
+    if (on_console) file_only = std::make_unique<spdlog::logger>("train.log", log_->sinks().front());
+    spdlog::logger& early = on_console ? *file_only : *log_;
+    for (const std::string& l : data_notes_) early.info("data: {}", l);
+    log_->info("data: {}", data_.description);
+    if (!memory_.resident.empty()) early.info("{}", memory_line());
   }
   const int B = cfg_.train.batch_size, T = cfg_.train.seq_len, A = cfg_.train.grad_accum_steps;
   if (world_ > 1) {

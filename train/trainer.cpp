@@ -306,7 +306,10 @@ void Run::build() {
   auto load = [&] {
     data_ = load_token_data(ds, [this](const std::string& line) {
       data_notes_.push_back(line);
-      if (opt_.console && lead()) std::printf("%s\n", line.c_str());
+      if (opt_.console && lead()) {  // as it happens (preparing shards takes a while)
+        std::printf("data: %s\n", line.c_str());
+        std::fflush(stdout);
+      }
     });
   };
   // Rank 0 first: it writes missing shards (data.prepare_from) that the others then read.
