@@ -289,6 +289,46 @@ TEST(TrainBadInput, ExistingRunDirectoryIsNotOverwritten) {
   EXPECT_EQ(train_cmd("--config " + path + " --overwrite --set train.max_steps=5").code, 0);
 }
 
+// --resume of a run that reached train.max_steps runs nothing: one line on stdout naming
+// the step and the checkpoint, exit status 0, and every file of the run directory (the
+// lock file included) the same, by SHA-256, as before; no file added or removed.
+TEST(TrainResume, FinishedRunHasNothingToDoAndTouchesNothing) {
+  const std::string dir = (tmp_root() / "finished").string();
+  const std::string path = write_yaml("finished.yaml", base_yaml(dir, "fp32"));
+  ASSERT_EQ(train_cmd("--config " + path + " --set train.max_steps=6").code, 0);
+  auto digests = [&] {
+    std::map<std::string, std::string> m;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string b = slurp(e.path());
+      m[e.path().filename().string()] = sha256_hex(b.data(), b.size());
+    }
+    return m;
+  };
+  const auto before = digests();
+  ASSERT_TRUE(before.count("metrics.jsonl") && before.count("train.log") &&
+              before.count("ckpt_00000006.bin") && before.count("train.lock"));
+  const fs::path out = tmp_root() / "finished_stdout.txt";
+  const std::string cmd = std::string(ST_TRAIN_BIN) + " --config " + dir + "/config.yaml" +
+                          " --resume >" + out.string() + " 2>&1";
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0);
+  EXPECT_EQ(slurp(out),
+            "nothing to do: run finished at step 6 (" + dir + "/ckpt_00000006.bin)\n");
+  EXPECT_EQ(digests(), before);
+  // --stop-after at the step already reached: the same, through the library.
+  TrainOptions o = quiet();
+  o.resume = true;
+  o.stop_after = 6;
+  Config c = parse_config(base_yaml(dir, "fp32"), "finished.yaml");
+  const TrainResult r = run_training(c, o);
+  EXPECT_EQ(r.last_step, 6);
+  EXPECT_TRUE(r.losses.empty());
+  EXPECT_EQ(r.nothing_to_do,
+            "nothing to do: run at step 6 (" + dir + "/ckpt_00000006.bin), --stop-after 6");
+  EXPECT_EQ(digests(), before);
+}
+
 // A run whose memory estimate exceeds the machine's available memory is refused before
 // anything is allocated or written: one line naming the config file and the keys to
 // change, a non-zero exit, and an existing run directory untouched even with --overwrite.

@@ -53,6 +53,8 @@ class Run {
   bool lead() const { return rank_ == 0; }
   void setup_dist();
   void prepare_dir();
+  // --resume of a run with no step left to run: the line that says so, else "".
+  std::string nothing_to_do();
   void open_logs();
   void build();
   // Runs f on rank 0; an error there ends every rank with rank 0's message.

@@ -130,6 +130,18 @@ TrainResult Run::go() {
     ~SignalGuard() { stop_signal::uninstall(); }
   } signals;
   setup_dist();
+  if (opt_.resume) {  // a finished run: say so, run nothing, touch nothing
+    TrainResult idle;
+    idle.nothing_to_do = nothing_to_do();
+    if (!idle.nothing_to_do.empty()) {
+      if (opt_.console && lead()) std::printf("%s\n", idle.nothing_to_do.c_str());
+      idle.rank = rank_;
+      idle.world = world_;
+      idle.first_step = idle.last_step = step_;
+      comm_->finalize();
+      return idle;
+    }
+  }
   build();  // everything that can be refused (config, data, model) before any file is written
   prepare_dir();
   open_logs();

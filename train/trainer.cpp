@@ -279,6 +279,30 @@ void Run::prepare_dir() {
   resume_from_ = share_string(resume_from_);
 }
 
+// Read-only and before the lock is taken (the lock file records its holder's PID): a
+// finished run's directory stays byte for byte as it was. The newest checkpoint's name
+// holds its step (checkpoint_name); a damaged file is no reason to train, so it is not read.
+std::string Run::nothing_to_do() {
+  std::string line;
+  int64_t at = -1;
+  on_lead([&] {
+    const std::string dir = cfg_.run.out_dir;
+    std::error_code ec;
+    if (dir.empty() || !fs::is_directory(dir, ec)) return;
+    const std::string ckpt = latest_checkpoint(dir);
+    if (ckpt.empty()) return;
+    at = std::stoll(fs::path(ckpt).filename().string().substr(5, 8));
+    if (at >= cfg_.train.max_steps)
+      line = "nothing to do: run finished at step " + std::to_string(at) + " (" + ckpt + ")";
+    else if (opt_.stop_after >= 0 && at >= opt_.stop_after)
+      line = "nothing to do: run at step " + std::to_string(at) + " (" + ckpt +
+             "), --stop-after " + std::to_string(opt_.stop_after);
+  });
+  line = share_string(line);
+  if (!line.empty()) step_ = std::stoll(share_string(std::to_string(at)));
+  return line;
+}
+
 void Run::open_logs() {
   std::vector<spdlog::sink_ptr> sinks;  // ranks other than 0 log nothing
   if (lead()) {

@@ -36,6 +36,9 @@ struct TrainResult {
   double comm_seconds = 0.0;  // in collectives of the training steps (waiting included)
   // SIGINT or SIGTERM stopped the run after last_step (with a checkpoint); 0 otherwise.
   int stop_signal = 0;
+  // --resume found the run at train.max_steps (or at --stop-after): no step was run and no
+  // file of the run directory was touched; `nothing_to_do` is the line printed.
+  std::string nothing_to_do;
 };
 
 // Under a launcher (mpirun, srun) with dist.backend mpi / nccl / auto this is one rank of a
