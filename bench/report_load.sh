@@ -8,8 +8,9 @@
 # steps 4 and 8), then opens it 5 times in headless Chromium and prints the HTML size, the
 # page's own time from navigation start to drawn (data-ready-ms), and Chromium's wall time
 # for the page against its wall time for an empty page.
-#   bash bench/report_load.sh [OUT]   (default runs/report_load; about 9 GB of checkpoints)
+#   [BIN=build/bin] bash bench/report_load.sh [OUT]   (default runs/report_load; about 9 GB of checkpoints)
 set -euo pipefail
+bin=${BIN:-build/bin}  # where train and report are
 cd "$(dirname "$0")/.."
 out=${1:-runs/report_load}
 mkdir -p "$out"
@@ -17,7 +18,7 @@ out=$(cd "$out" && pwd)
 for be in baseline flash stabilized_flash; do
   d="$out/$be"
   if [ -f "$d/ckpt_00000008.bin" ]; then continue; fi
-  build/bin/train --config configs/gpt2_small.yaml --overwrite --set device=cpu --set run.out_dir="$d" \
+  "$bin/train" --config configs/gpt2_small.yaml --overwrite --set device=cpu --set run.out_dir="$d" \
     --set run.name="$be" --set attention.backend="$be" --set precision.compute=bf16 \
     --set data.train_path='data_cache/tiny_shakespeare/gpt2_train_*.bin' \
     --set data.val_path='data_cache/tiny_shakespeare/gpt2_val_*.bin' \
@@ -27,7 +28,7 @@ for be in baseline flash stabilized_flash; do
     || { echo "report_load: training $be failed; see $out/$be.train.log" >&2; exit 1; }
 done
 t0=$(date +%s.%N)
-build/bin/report "$out/baseline" "$out/flash" "$out/stabilized_flash" -o "$out/report.html" 2>/dev/null
+"$bin/report" "$out/baseline" "$out/flash" "$out/stabilized_flash" -o "$out/report.html" 2>/dev/null
 t1=$(date +%s.%N)
 printf 'report: %s, %.0f kB, written in %.1f s\n' "$out/report.html" "$(($(stat -c %s "$out/report.html") / 1024))" \
   "$(awk -v s="$t0" -v e="$t1" 'BEGIN { print e - s }')"
