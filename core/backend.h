@@ -72,6 +72,8 @@ class Backend {
   virtual void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                               const Tensor& bias, DType fmt) = 0;
   // dinp = dout . weight (overwritten); dweight += dout^T . inp; dbias += colsum(dout).
+  // In BF16/FP16 the product is rounded before it is added: dweight = round(dweight +
+  // round(dout^T . inp)), as cuBLASLt does (layers/matmul_cpu.cpp).
   virtual void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                DType fmt) = 0;

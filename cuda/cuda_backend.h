@@ -69,10 +69,14 @@ class LtGemm {
   // dinp (N,C) = dout (N,OC) . weight (OC,C), overwritten.
   void backward_dinp(void* dinp, const void* dout, const void* weight, int64_t N, int64_t C,
                      int64_t OC, DType dtype, cudaStream_t stream);
-  // dweight (OC,C) = round(dweight + dout^T . inp).
+  // dweight (OC,C) = round(dweight + round(dout^T . inp)) for BF16/FP16 (cuBLASLt rounds the
+  // product before adding C; measured, see matmul.cu), dweight + dout^T . inp for FP32.
   void backward_dweight(void* dweight, const void* dout, const void* inp, int64_t N, int64_t C,
                         int64_t OC, DType dtype, cudaStream_t stream);
   size_t workspace_bytes() const { return workspace_bytes_; }
+  // The algorithm cuBLASLt chose for g's plan: "algo A tile T stages S splitK K reduction R
+  // ..." (planning it if needed; nothing is computed).
+  std::string describe(const GemmOp& g);
 
  private:
   struct Plan;
@@ -82,6 +86,7 @@ class LtGemm {
   using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
                          bool, bool, int, int, int, int, int64_t, int64_t, int64_t, int64_t>;
   Plan& plan(const Key& key, const void* bias);
+  Key key_of(const GemmOp& g) const;
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;  // allocated once, shared by every call on the stream

@@ -15,12 +15,15 @@
 //             A = inp, stored (C,N) ld C, N;  B = dout, stored (OC,N) ld OC, TRANSB = T;
 //             D = C = dweight, stored (C,OC) ld C, beta = 1.
 //
-// Rounding: compute and scale type FP32 (no TF32). BF16/FP16 results are rounded once when
-// D is stored: after the bias is added in FP32 (forward), after beta*C is added in FP32
-// (dweight: round(dW + dout^T.inp), as the CPU's beta = 1 sgemm followed by one rounding).
+// Rounding: compute and scale type FP32 (no TF32). BF16/FP16 results with beta = 0 are
+// rounded once when D is stored, after the bias is added in FP32 (forward).
 // Split-K algorithms that keep partial sums in the output type (in-place or output-type
 // reductions) would round more than once, so the heuristic may only choose no split-K or
 // FP32 (compute type) partial sums in the workspace.
+// beta = 1 into a BF16/FP16 D (dweight) is NOT one rounding: cuBLASLt rounds alpha * acc to
+// D's type before adding beta * C, so dW = round(dW + round(dout^T.inp)), measured on the
+// first GPU run (H200, cuBLAS 13, algo 66 without split-K: 99.9-100% of the elements;
+// Gpu.MatmulBackwardDweightRoundingModel). The CPU backend rounds the same way.
 // Determinism: one algorithm is chosen per plan (shape, transposes, dtype, beta, pointer
 // alignments) and cached, and cuBLASLt's algorithms give bit-identical results run to run
 // on one GPU for a fixed algorithm and workspace (checked by the gpu tests).
@@ -191,10 +194,7 @@ LtGemm::Plan& LtGemm::plan(const Key& key, const void* bias) {
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
-void LtGemm::matmul(const GemmOp& g, cudaStream_t stream) {
-  ST_CHECK(g.m > 0 && g.n >= 0 && g.k > 0, "GEMM sizes m=", g.m, " n=", g.n, " k=", g.k);
-  if (g.n == 0) return;
-  ST_CHECK(g.A && g.B && g.D, "null device pointer in GEMM");
+LtGemm::Key LtGemm::key_of(const GemmOp& g) const {
   ST_CHECK(g.beta == 0.0f || g.beta == 1.0f, "GEMM beta must be 0 or 1, got ", g.beta);
   ST_CHECK(g.batch >= 1 && g.batch <= INT32_MAX, "GEMM batch count ", g.batch);
   ST_CHECK(g.batch == 1 || (g.stride_a >= 0 && g.stride_b >= 0 && g.stride_d > 0),
@@ -202,7 +202,7 @@ void LtGemm::matmul(const GemmOp& g, cudaStream_t stream) {
   ST_CHECK(g.batch == 1 || g.bias == nullptr, "GEMM: no bias with a strided batch");
   const bool accumulate = g.beta != 0.0f;
   const bool batched = g.batch > 1;
-  const Key key{g.transa,
+  return Key{g.transa,
                 g.transb,
                 g.m,
                 g.n,
@@ -221,7 +221,29 @@ void LtGemm::matmul(const GemmOp& g, cudaStream_t stream) {
                 batched ? g.stride_a : 0,
                 batched ? g.stride_b : 0,
                 batched ? g.stride_d : 0};
-  Plan& p = plan(key, g.bias);
+}
+
+std::string LtGemm::describe(const GemmOp& g) {
+  const Plan& p = plan(key_of(g), g.bias);
+  const auto attr = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
+    uint32_t v = 0;  // ID, TILE_ID, STAGES_ID, SPLITK_NUM, REDUCTION_SCHEME: 32-bit or less
+    size_t written = 0;
+    ST_CUDA_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&p.algo, a, &v, sizeof(v), &written));
+    return static_cast<long long>(v);
+  };
+  std::string s = "algo " + std::to_string(attr(CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+                  std::to_string(attr(CUBLASLT_ALGO_CONFIG_TILE_ID)) + " stages " +
+                  std::to_string(attr(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitK " +
+                  std::to_string(attr(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " reduction " +
+                  std::to_string(attr(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+  return s;
+}
+
+void LtGemm::matmul(const GemmOp& g, cudaStream_t stream) {
+  ST_CHECK(g.m > 0 && g.n >= 0 && g.k > 0, "GEMM sizes m=", g.m, " n=", g.n, " k=", g.k);
+  if (g.n == 0) return;
+  ST_CHECK(g.A && g.B && g.D, "null device pointer in GEMM");
+  Plan& p = plan(key_of(g), g.bias);
   if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   const float alpha = g.alpha;
   // beta = 0: C is not read; beta = 1: C = D, accumulated in place in FP32, rounded once.

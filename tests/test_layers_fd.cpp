@@ -5,9 +5,11 @@
 
 #include <cmath>
 #include <functional>
+#include <vector>
 
 #include "backends/backends.h"
 #include "core/backend.h"
+#include "core/dtype.h"
 #include "core/rng.h"
 #include "model/gpt2.h"
 
@@ -81,6 +83,46 @@ TEST_F(LayerFD, Matmul) {
   check_grad("matmul d(inp)", inp, dinp, loss);
   check_grad("matmul d(weight)", w, dw, loss);
   check_grad("matmul d(bias)", b, db, loss);
+}
+
+// Not a finite-difference test: the BF16 rounding points of dweight += dout^T . inp. The
+// product is rounded before it is added to the gradient already there, and the sum is
+// rounded again, as cuBLASLt's beta = 1 epilogue does on the GPU (layers/matmul_cpu.cpp).
+// Operands in [1, 2) with N = 2 make every FP32 sum exact, so the two models are computed
+// here exactly and the CPU must equal the twice-rounded one bit for bit.
+TEST(MatmulRounding, DweightRoundsTheProductThenTheSumInBf16) {
+  const int N = 2, C = 24, OC = 40;
+  const DType bf = DType::BF16;
+  Rng rng(7);
+  auto fill = [&](Tensor& t, double lo, double hi) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.data<float>()[i] = round_to(bf, static_cast<float>(lo + (hi - lo) * rng.uniform()));
+  };
+  Tensor dout = Tensor::empty({N, OC}, DType::F32), inp = Tensor::empty({N, C}, DType::F32);
+  Tensor w = Tensor::empty({OC, C}, DType::F32), dw = Tensor::empty({OC, C}, DType::F32);
+  fill(dout, 1, 2);
+  fill(inp, 1, 2);
+  fill(w, 1, 2);
+  fill(dw, -8, 8);
+  const std::vector<float> init(dw.data<float>(), dw.data<float>() + dw.numel());
+  auto be = make_cpu_backend();
+  be->matmul_backward(Tensor(), dw, Tensor(), dout, inp, w, bf);
+  int64_t differ_from_once = 0;
+  for (int o = 0; o < OC; ++o)
+    for (int c = 0; c < C; ++c) {
+      float sum = 0;  // exact: two products of 8-bit significands in [1, 4)
+      for (int n = 0; n < N; ++n) sum += dout.data<float>()[n * OC + o] * inp.data<float>()[n * C + c];
+      const float i0 = init[o * C + c];
+      const float twice = round_to(bf, i0 + round_to(bf, sum));  // both sums exact in FP32
+      const float once = round_to(bf, i0 + sum);
+      const float got = dw.data<float>()[o * C + c];
+      EXPECT_EQ(got, twice) << "dweight[" << o << "," << c << "]: init " << i0 << ", sum " << sum;
+      differ_from_once += got != once;
+    }
+  // The two models must differ somewhere on these inputs, or the test shows nothing.
+  EXPECT_GT(differ_from_once, OC * C / 20);
+  std::printf("  dweight bf16: %lld of %d elements differ from the once-rounded model\n",
+              static_cast<long long>(differ_from_once), OC * C);
 }
 
 TEST_F(LayerFD, Layernorm) {
