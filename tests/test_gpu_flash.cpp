@@ -216,8 +216,42 @@ std::string case_name(const AttentionConfig& cfg, const Dims& d, DType fmt) {
 }
 
 // Parity of every output against the CPU lab; prints "parity flash" lines.
+// lse = m + log(l), l = sum of P~ = round_T(exp(S - m)). The GPU's S differs from the CPU's
+// by a few FP32 ulps (MMA order), which is FP32-close for lse, unless a P~ lands next to a
+// rounding boundary of T and the two sides round it to neighbours (seen on the first GPU
+// run: up to 1.4e-3 where FP32 closeness is 5e-4). Such a flip moves P~ by one T ulp,
+// at most 2^-mant P~, so l by at most 2^-mant l and lse by at most 2^-mant (mant = 7
+// bf16, 10 fp16). With scores rounded to T, a score may flip by one T ulp too, which moves
+// lse by at most ulp_T(|S|) p where p <= 1: bounded by 2^-mant max(1, |lse|) (scores that
+// matter lie within a few units of lse). Flips are rare, so most rows must be FP32-close:
+// at most 5% of the rows may use the flip allowance.
+void expect_lse_parity(const std::string& name, const Outputs& g, const Outputs& c, DType fmt,
+                       bool scores_low) {
+  const std::vector<double> a = values(g.lse), r = values(c.lse);
+  ASSERT_EQ(a.size(), r.size()) << name << " lse";
+  const double flip = std::ldexp(1.0, fmt == DType::BF16 ? -7 : -10);
+  int64_t loose = 0, beyond = 0;
+  double max_abs = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(a[i] - r[i]);
+    max_abs = std::max(max_abs, std::isfinite(d) ? d : INFINITY);
+    const double tight = 5e-5 * (1 + std::fabs(r[i]));
+    const double allowance = flip * (1 + (scores_low ? std::max(1.0, std::fabs(r[i])) : 0.0));
+    if (!(d <= tight)) ++loose;
+    if (!(d <= tight + allowance) && ++beyond <= 3) {
+      ADD_FAILURE() << name << " lse row " << i << ": GPU " << a[i] << ", CPU " << r[i]
+                    << ", beyond one rounding flip (" << tight + allowance << ")";
+    }
+  }
+  const int64_t rows = static_cast<int64_t>(a.size());
+  std::printf("parity flash %s lse max_abs=%.3e rows_beyond_fp32=%lld/%lld\n", name.c_str(),
+              max_abs, static_cast<long long>(loose), static_cast<long long>(rows));
+  EXPECT_EQ(beyond, 0) << name << " lse";
+  EXPECT_LE(loose, std::max<int64_t>(1, rows / 20)) << name << " lse: too many rows off";
+}
+
 void expect_parity(const std::string& name, const Outputs& g, const Outputs& c, DType fmt,
-                   double grad_ulps) {
+                   double grad_ulps, bool scores_low = false) {
   struct Item {
     const char* what;
     Err e;
@@ -226,8 +260,7 @@ void expect_parity(const std::string& name, const Outputs& g, const Outputs& c, 
   std::vector<Item> items;
   Err eo = compare(values(g.out), values(c.out));
   items.push_back({"O", eo, 4 * ulp_at(eo.max_ref, fmt)});
-  Err el = compare(values(g.lse), values(c.lse));
-  items.push_back({"lse", el, 5e-5 * (1 + el.max_ref)});
+  expect_lse_parity(name, g, c, fmt, scores_low);
   if (g.dqkv.defined()) {
     const char* names[3] = {"dQ", "dK", "dV"};
     for (int p = 0; p < 3; ++p) {
@@ -295,7 +328,7 @@ TEST_F(GpuFlash, ParityPrecisionKnobs) {
             const std::string name = case_name(cfg, d, fmt);
             SCOPED_TRACE(name);
             const Outputs g = run_gpu(cfg, in, fmt), c = run_cpu(cfg, in, fmt);
-            expect_parity(name, g, c, fmt, k.accum_low ? 16 : 8);
+            expect_parity(name, g, c, fmt, k.accum_low ? 16 : 8, k.scores_low);
           }
 }
 
