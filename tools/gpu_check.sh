@@ -26,12 +26,14 @@
 #   GPU_CHECK_STAGES         default test,bench,train
 #   GPU_CHECK_BUDGET_S       seconds for this call (default 570; a device call allows 600)
 #   GPU_CHECK_TEST_S, GPU_CHECK_BENCH_S, GPU_CHECK_TRAIN_S
-#                            caps on each stage (default 240, 150, 240 s), within the budget
+#                            caps on each stage (default 240, 300, 240 s), within the budget
 #   GPU_CHECK_BUNDLE         auto (default) | require | off
 #   GPU_CHECK_BUILD_DIR      build folder (default build-gpu)
 #   GPU_CHECK_CUDA_ARCH      CMAKE_CUDA_ARCHITECTURES of a build (default 90)
 #   GPU_CHECK_TEST_TIMEOUT_S seconds per test case (default 120)
 #   GPU_CHECK_TEST_FILTER    gtest filter (default *)
+#   GPU_CHECK_BENCH_FILTER   extended regex: only the benchmark steps whose label matches
+#                            (labels as in bench.txt's "## " lines; default all)
 #   GPU_CHECK_TRAIN_STEPS    steps per attention backend (default 100)
 #   GPU_CHECK_DEPS_PREFIX    where carried packages are unpacked (default /tmp/stabletrain_deps)
 # Files in $OUT (each call writes its stages' files; a device call brings back 8 at most):
@@ -342,11 +344,14 @@ BENCH="not run"
 BENCH_OK=1
 TORCH="not run"
 if has_stage bench && ((PROGRAMS_OK)); then
-  begin_stage "${GPU_CHECK_BENCH_S:-150}"
+  begin_stage "${GPU_CHECK_BENCH_S:-300}"
   failed=()
   bench_step() {  # bench_step FILE CAP_S LABEL CMD...: CMD's output appended to FILE and the log
     local file="$1" cap="$2" label="$3" rc=0
     shift 3
+    if [[ -n "${GPU_CHECK_BENCH_FILTER:-}" ]] && ! grep -qE -- "$GPU_CHECK_BENCH_FILTER" <<<"$label"; then
+      return 0
+    fi
     say "$label"
     printf '## %s\n$ %s\n' "$label" "$*" >>"$file"
     echo "\$ $*" >>"$LOG"
@@ -360,6 +365,7 @@ if has_stage bench && ((PROGRAMS_OK)); then
   : >"$B/bench_train.txt"
   : >"$B/bench_attention.txt"
   : >"$B/torch.txt"
+  : >"$B/torch_train.txt"
   HAVE_TORCH=0
   timeout 60 python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1 && HAVE_TORCH=1
   bench_step "$B/bench_gpu.txt" 90 "bench_gpu" "$BIN/bench_gpu"
@@ -381,8 +387,19 @@ if has_stage bench && ((PROGRAMS_OK)); then
   fi
   bench_step "$B/bench_train.txt" 90 "bench train --attention baseline --recompute gelu_layernorm" \
     "$BIN/bench" train --device cuda --attention baseline --recompute gelu_layernorm --breakdown-steps 0
+  if ((HAVE_TORCH)); then
+    # The comparison step: PyTorch's GPT-2 124M at bench train's micro-batch, eager, then
+    # under torch.compile (its compilation is inside the cap, outside the timed steps).
+    tb="$(grep -m1 -oE 'micro-batch B=[0-9]+: fits' "$B/bench_train.txt" | grep -oE '[0-9]+' || echo 64)"
+    for comp in 0 1; do
+      bench_step "$B/torch_train.txt" 150 "torch GPT-2 step B=$tb compile=$comp" \
+        python3 tools/bench_torch_train.py --device cuda --B "$tb" --T 1024 --steps 10 --warmup 3 \
+        --compile "$comp" --table
+    done
+    for f in ${failed[@]+"${failed[@]}"}; do [[ "$f" == torch* ]] && TORCH="FAILED (see bench.txt)"; done
+  fi
   if ((${#failed[@]})); then BENCH="FAILED: ${failed[*]}"; BENCH_OK=0; else BENCH="ok"; fi
-  for f in bench_gpu bench_attention bench_train torch; do
+  for f in bench_gpu bench_attention bench_train torch torch_train; do
     printf '# ==== %s ====\n\n' "$f" >>"$OUT/bench.txt"
     cat "$B/$f.txt" >>"$OUT/bench.txt"
   done
@@ -406,25 +423,49 @@ if has_stage train && ((PROGRAMS_OK)); then
   fi
   if compgen -G "$DATA/gpt2_train_*.bin" >/dev/null; then
     tfailed=()
-    backends=(baseline flash stabilized_flash)
-    for i in "${!backends[@]}"; do
-      attn="${backends[$i]}"
-      run_dir="runs/gpu_check_$attn"
+    # Three attention backends, then data parallelism at world size 1 through the path a
+    # multi-node job without MPI takes (RANK / WORLD_SIZE / LOCAL_RANK from the launcher,
+    # NCCL's id through a file): NCCL all-reduce, and the ZeRO-1 reduce-scatter / all-gather.
+    # At world size 1 both must give the single-process flash run's bits.
+    # Last, cpu_side_b1: baseline attention, micro-batch 1, 10 steps, the run whose CPU twin
+    # fits a small machine (B=16 needs about 55 GB there): README's GPU section gives the
+    # CPU command and where the two loss columns are compared.
+    runs_=(baseline flash stabilized_flash nccl_w1 nccl_w1_zero1 cpu_side_b1)
+    for i in "${!runs_[@]}"; do
+      name="${runs_[$i]}"
+      attn="$name"
+      extra=()
+      envs=()
+      steps="$STEPS"
+      if [[ "$name" == cpu_side_b1 ]]; then
+        attn=baseline
+        steps=10
+        extra=(--set train.batch_size=1 --set train.eval_every=0 --set train.log_every=1)
+      elif [[ "$name" == nccl_w1* ]]; then
+        attn=flash
+        rdv="/tmp/stabletrain_nccl_id_$name"
+        rm -f "$rdv"
+        envs=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0)
+        extra=(--set dist.backend=nccl --set dist.nccl_bootstrap=file --set dist.rendezvous="$rdv"
+          --set dist.zero="$([[ "$name" == *zero1 ]] && echo 1 || echo 0)")
+      fi
+      run_dir="runs/gpu_check_$name"
       rm -rf "$run_dir"
-      slice=$(($(left) / (${#backends[@]} - i)))  # an equal share of the time left
-      say "train gpt2_small $attn, $STEPS steps (at most ${slice} s)"
+      slice=$(($(left) / (${#runs_[@]} - i)))  # an equal share of the time left
+      say "train gpt2_small $name, $steps steps (at most ${slice} s)"
       # 124M, B=16, T=1024, one micro-batch per step (16K tokens). Hooks off: they run on
       # the host (power iteration on 124M weights, an FP64 attention recompute at T = 1024)
       # and would take most of a device call; test_gpu_model runs them on the GPU.
       rc=0
-      logged - within "$slice" "$BIN/train" --config configs/gpt2_small.yaml \
-        --set run.out_dir="$run_dir" --set run.name="gpu_check_$attn" \
+      logged - within "$slice" env ${envs[@]+"${envs[@]}"} "$BIN/train" --config configs/gpt2_small.yaml \
+        --set run.out_dir="$run_dir" --set run.name="gpu_check_$name" \
         --set data.train_path="$DATA/gpt2_train_*.bin" --set data.val_path="$DATA/gpt2_val_*.bin" \
-        --set train.max_steps="$STEPS" --set train.grad_accum_steps=1 --set train.warmup_steps=50 \
+        --set train.max_steps="$steps" --set train.grad_accum_steps=1 --set train.warmup_steps=50 \
         --set train.lr=6.0e-4 --set train.min_lr=6.0e-5 --set train.ckpt_every=0 \
         --set train.eval_every=50 --set train.eval_batches=4 --set train.log_every=10 \
-        --set attention.backend="$attn" --set hooks.every=0 --set device=cuda || rc=$?
-      ((rc == 0)) || tfailed+=("$attn$(out_of_time_note "$rc")")
+        --set attention.backend="$attn" --set hooks.every=0 --set device=cuda \
+        ${extra[@]+"${extra[@]}"} || rc=$?
+      ((rc == 0)) || tfailed+=("$name$(out_of_time_note "$rc")")
     done
     python3 - "$STEPS" >>"$OUT/train.txt" 2>&1 <<'PY' || tfailed+=("summary")
 import json, sys
@@ -452,13 +493,49 @@ for s in marks:
     f = lambda x: "-" if x is None else f"{x:.4f}"
     d = lambda x, y: "-" if x is None or y is None else f"{x - y:+.4f}"
     print(f"| {s} | {f(v[0])} | {f(v[1])} | {f(v[2])} | {d(v[1], v[0])} | {d(v[2], v[0])} |")
+# World size 1 through NCCL (all-reduce; ZeRO-1): the flash run's bits, step for step.
+for name in ("nccl_w1", "nccl_w1_zero1"):
+    rows = {}
+    try:
+        for line in open(f"runs/gpu_check_{name}/metrics.jsonl"):
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue
+            if "loss" in j:
+                rows[j["step"]] = j
+    except OSError:
+        pass
+    ref = runs["flash"]
+    common = sorted(set(rows) & set(ref))
+    same = [s for s in common if rows[s]["loss"] == ref[s]["loss"]
+            and rows[s].get("grad_norm") == ref[s].get("grad_norm")]
+    first_diff = next((s for s in common if s not in same), None)
+    print(f"{name} (flash, dist.backend nccl, world size 1): {len(same)} of {len(common)} common "
+          f"steps with the single-process flash run's loss and grad norm bit for bit"
+          + ("" if first_diff is None else f"; first difference at step {first_diff}: "
+             f"{rows[first_diff]['loss']!r} vs {ref[first_diff]['loss']!r}")
+          + f"; reached step {max(rows) if rows else 0} of {steps}")
+side = {}
+try:
+    for line in open("runs/gpu_check_cpu_side_b1/metrics.jsonl"):
+        try:
+            j = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in j:
+            side[j["step"]] = j["loss"]
+except OSError:
+    pass
+print("cpu_side_b1 (baseline, B=1 T=1024, 10 steps; exact losses for the CPU twin): "
+      + ", ".join(f"{s}: {side[s]!r}" for s in sorted(side)))
 for a, rows in runs.items():
     last = max(rows) if rows else 0
     tps = sorted(r["tokens_per_s"] for r in rows.values() if r.get("tokens_per_s"))
     med = f", median tokens/s {tps[len(tps) // 2]:.0f}" if tps else ""
     print(f"{a}: reached step {last} of {steps}{med}")
 PY
-    if ((${#tfailed[@]})); then TRAIN="FAILED: ${tfailed[*]}"; else TRAIN_OK=1; TRAIN="ok ($STEPS steps x 3 backends)"; fi
+    if ((${#tfailed[@]})); then TRAIN="FAILED: ${tfailed[*]}"; else TRAIN_OK=1; TRAIN="ok ($STEPS steps x 3 backends, 2 NCCL world-size-1 runs)"; fi
   else
     TRAIN="no data: carry data_cache/tiny_shakespeare (README, Training on a GPU)"
   fi
@@ -527,7 +604,7 @@ fi
   if [[ -f "$OUT/bench.txt" ]]; then
     echo
     echo "== benchmarks =="
-    grep -E '^(## |\| (tokens/s|MFU|peak device)|\| [0-9]+ \|)' "$OUT/bench.txt" | head -40 || true
+    grep -E '^(## |\| (tokens/s|MFU|peak device|PyTorch)|\| [0-9]+ \|)' "$OUT/bench.txt" | head -60 || true
   fi
   [[ -f "$OUT/train.txt" ]] && { echo; echo "== train =="; cat "$OUT/train.txt"; }
   echo
