@@ -428,8 +428,8 @@ if has_stage train && ((PROGRAMS_OK)); then
     # NCCL's id through a file): NCCL all-reduce, and the ZeRO-1 reduce-scatter / all-gather.
     # At world size 1 both must give the single-process flash run's bits.
     # Last, cpu_side_b1: baseline attention, micro-batch 1, 10 steps, the run whose CPU twin
-    # fits a small machine (B=16 needs about 55 GB there): README's GPU section gives the
-    # CPU command and where the two loss columns are compared.
+    # fits a small machine (B=16 needs about 55 GB there): the CPU command and the two loss
+    # columns side by side are in bench/results/2026-11-27_gpu_tiny_shakespeare_h200.md.
     runs_=(baseline flash stabilized_flash nccl_w1 nccl_w1_zero1 cpu_side_b1)
     for i in "${!runs_[@]}"; do
       name="${runs_[$i]}"
@@ -470,11 +470,13 @@ if has_stage train && ((PROGRAMS_OK)); then
     python3 - "$STEPS" >>"$OUT/train.txt" 2>&1 <<'PY' || tfailed+=("summary")
 import json, sys
 steps = int(sys.argv[1])
-runs = {}
-for attn in ("baseline", "flash", "stabilized_flash"):
+
+
+def train_rows(name):
+    """{step: metrics.jsonl train row} of runs/gpu_check_NAME ({} when it has none)."""
     rows = {}
     try:
-        for line in open(f"runs/gpu_check_{attn}/metrics.jsonl"):
+        for line in open(f"runs/gpu_check_{name}/metrics.jsonl"):
             try:
                 j = json.loads(line)
             except ValueError:
@@ -483,7 +485,10 @@ for attn in ("baseline", "flash", "stabilized_flash"):
                 rows[j["step"]] = j
     except OSError:
         pass
-    runs[attn] = rows
+    return rows
+
+
+runs = {attn: train_rows(attn) for attn in ("baseline", "flash", "stabilized_flash")}
 print(f"gpt2_small (124M) on Tiny Shakespeare, B=16 T=1024, {steps} steps planned, bf16; train loss by step")
 print("| step | baseline | flash | stabilized_flash | flash - baseline | stabilized - baseline |")
 print("|---|---|---|---|---|---|")
@@ -494,39 +499,21 @@ for s in marks:
     d = lambda x, y: "-" if x is None or y is None else f"{x - y:+.4f}"
     print(f"| {s} | {f(v[0])} | {f(v[1])} | {f(v[2])} | {d(v[1], v[0])} | {d(v[2], v[0])} |")
 # World size 1 through NCCL (all-reduce; ZeRO-1): the flash run's bits, step for step.
+status = 0
 for name in ("nccl_w1", "nccl_w1_zero1"):
-    rows = {}
-    try:
-        for line in open(f"runs/gpu_check_{name}/metrics.jsonl"):
-            try:
-                j = json.loads(line)
-            except ValueError:
-                continue
-            if "loss" in j:
-                rows[j["step"]] = j
-    except OSError:
-        pass
-    ref = runs["flash"]
+    rows, ref = train_rows(name), runs["flash"]
     common = sorted(set(rows) & set(ref))
     same = [s for s in common if rows[s]["loss"] == ref[s]["loss"]
             and rows[s].get("grad_norm") == ref[s].get("grad_norm")]
     first_diff = next((s for s in common if s not in same), None)
+    if not common or first_diff is not None:
+        status = 1
     print(f"{name} (flash, dist.backend nccl, world size 1): {len(same)} of {len(common)} common "
           f"steps with the single-process flash run's loss and grad norm bit for bit"
           + ("" if first_diff is None else f"; first difference at step {first_diff}: "
              f"{rows[first_diff]['loss']!r} vs {ref[first_diff]['loss']!r}")
           + f"; reached step {max(rows) if rows else 0} of {steps}")
-side = {}
-try:
-    for line in open("runs/gpu_check_cpu_side_b1/metrics.jsonl"):
-        try:
-            j = json.loads(line)
-        except ValueError:
-            continue
-        if "loss" in j:
-            side[j["step"]] = j["loss"]
-except OSError:
-    pass
+side = {s: r["loss"] for s, r in train_rows("cpu_side_b1").items()}
 print("cpu_side_b1 (baseline, B=1 T=1024, 10 steps; exact losses for the CPU twin): "
       + ", ".join(f"{s}: {side[s]!r}" for s in sorted(side)))
 for a, rows in runs.items():
@@ -534,6 +521,7 @@ for a, rows in runs.items():
     tps = sorted(r["tokens_per_s"] for r in rows.values() if r.get("tokens_per_s"))
     med = f", median tokens/s {tps[len(tps) // 2]:.0f}" if tps else ""
     print(f"{a}: reached step {last} of {steps}{med}")
+sys.exit(status)
 PY
     if ((${#tfailed[@]})); then TRAIN="FAILED: ${tfailed[*]}"; else TRAIN_OK=1; TRAIN="ok ($STEPS steps x 3 backends, 2 NCCL world-size-1 runs)"; fi
   else
