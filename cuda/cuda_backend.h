@@ -73,6 +73,9 @@ class LtGemm {
   // product before adding C; measured, see matmul.cu), dweight + dout^T . inp for FP32.
   void backward_dweight(void* dweight, const void* dout, const void* inp, int64_t N, int64_t C,
                         int64_t OC, DType dtype, cudaStream_t stream);
+  // The product backward_dweight runs (for describe()).
+  static GemmOp dweight_op(void* dweight, const void* dout, const void* inp, int64_t N,
+                           int64_t C, int64_t OC, DType dtype);
   size_t workspace_bytes() const { return workspace_bytes_; }
   // The algorithm cuBLASLt chose for g's plan: "algo A tile T stages S splitK K reduction R
   // ..." (planning it if needed; nothing is computed).

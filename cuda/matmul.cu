@@ -289,9 +289,8 @@ void LtGemm::backward_dinp(void* dinp, const void* dout, const void* weight, int
   matmul(g, stream);
 }
 
-void LtGemm::backward_dweight(void* dweight, const void* dout, const void* inp, int64_t N,
-                              int64_t C, int64_t OC, DType dtype, cudaStream_t stream) {
-  if (N == 0) return;  // dweight += 0
+GemmOp LtGemm::dweight_op(void* dweight, const void* dout, const void* inp, int64_t N,
+                          int64_t C, int64_t OC, DType dtype) {
   GemmOp g;
   g.transa = false;
   g.transb = true;
@@ -306,7 +305,13 @@ void LtGemm::backward_dweight(void* dweight, const void* dout, const void* inp, 
   g.ldd = C;
   g.beta = 1.0f;
   g.dtype = dtype;
-  matmul(g, stream);
+  return g;
+}
+
+void LtGemm::backward_dweight(void* dweight, const void* dout, const void* inp, int64_t N,
+                              int64_t C, int64_t OC, DType dtype, cudaStream_t stream) {
+  if (N == 0) return;  // dweight += 0
+  matmul(dweight_op(dweight, dout, inp, N, C, OC, dtype), stream);
 }
 
 }  // namespace st

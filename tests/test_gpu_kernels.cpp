@@ -508,20 +508,8 @@ TEST_F(Gpu, MatmulBackwardDweightRoundingModel) {
       Tensor d_dout = upload(*be_, dout, {z.N, z.OC}, fmt, 0);
       Tensor d_inp = upload(*be_, inp, {z.N, z.C}, fmt, 0);
       Tensor d_dw = upload(*be_, init, {z.OC, z.C}, fmt, 0);
-      GemmOp g;  // as LtGemm::backward_dweight builds it
-      g.transa = false;
-      g.transb = true;
-      g.m = z.C;
-      g.n = z.OC;
-      g.k = z.N;
-      g.A = d_inp.raw();
-      g.lda = z.C;
-      g.B = d_dout.raw();
-      g.ldb = z.OC;
-      g.D = d_dw.raw();
-      g.ldd = z.C;
-      g.beta = 1.0f;
-      g.dtype = fmt;
+      const GemmOp g =
+          LtGemm::dweight_op(d_dw.raw(), d_dout.raw(), d_inp.raw(), z.N, z.C, z.OC, fmt);
       const std::string algo = gemm.describe(g);
       gemm.backward_dweight(d_dw.raw(), d_dout.raw(), d_inp.raw(), z.N, z.C, z.OC, fmt, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

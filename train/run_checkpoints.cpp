@@ -26,8 +26,8 @@ std::string checkpoint_name(int64_t step) {
 }
 
 namespace {
-
 const std::regex kCkptRe("ckpt_([0-9]{8})\\.bin");
+}  // namespace
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> v;
@@ -40,6 +40,8 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   std::sort(v.begin(), v.end());
   return v;
 }
+
+namespace {
 
 // Keys whose change makes a resumed run a different run (model, data order, arithmetic).
 bool must_match_on_resume(const std::string& key) {

@@ -280,8 +280,9 @@ void Run::prepare_dir() {
 }
 
 // Read-only and before the lock is taken (the lock file records its holder's PID): a
-// finished run's directory stays byte for byte as it was. The newest checkpoint's name
-// holds its step (checkpoint_name); a damaged file is no reason to train, so it is not read.
+// finished run's directory stays byte for byte as it was. The newest checkpoint's step is
+// read from its name (list_checkpoints); a damaged file is no reason to train, so it is not
+// read.
 std::string Run::nothing_to_do() {
   std::string line;
   int64_t at = -1;
@@ -289,9 +290,10 @@ std::string Run::nothing_to_do() {
     const std::string dir = cfg_.run.out_dir;
     std::error_code ec;
     if (dir.empty() || !fs::is_directory(dir, ec)) return;
-    const std::string ckpt = latest_checkpoint(dir);
-    if (ckpt.empty()) return;
-    at = std::stoll(fs::path(ckpt).filename().string().substr(5, 8));
+    const auto all = list_checkpoints(dir);
+    if (all.empty()) return;
+    const std::string& ckpt = all.back().second;
+    at = all.back().first;
     if (at >= cfg_.train.max_steps)
       line = "nothing to do: run finished at step " + std::to_string(at) + " (" + ckpt + ")";
     else if (opt_.stop_after >= 0 && at >= opt_.stop_after)

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/gpt2.h"
@@ -53,5 +54,7 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt);
 std::string checkpoint_name(int64_t step);
 std::string rank_checkpoint_name(int64_t step, int rank);
 std::string latest_checkpoint(const std::string& dir);
+// Every main checkpoint file of a directory as (step, path), oldest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 
 }  // namespace st
