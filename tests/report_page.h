@@ -37,7 +37,7 @@ struct Render {
 // and a screenshot of the page's top, ST_ARTIFACT_DIR/shot_name. `scratch`: a folder for
 // the browser's profile and logs.
 inline Render render_page(const std::filesystem::path& html, const std::string& shot_name,
-                          const std::filesystem::path& scratch) {
+                          const std::filesystem::path& scratch, const std::string& query = "") {
   namespace fs = std::filesystem;
   auto q = [](const fs::path& p) { return "'" + p.string() + "'"; };
   Render r;
@@ -52,7 +52,7 @@ inline Render render_page(const std::filesystem::path& html, const std::string& 
                              " --headless=new --no-sandbox --disable-gpu --hide-scrollbars --no-first-run"
                              " --disable-extensions --enable-logging=stderr --v=0 --virtual-time-budget=5000"
                              " --user-data-dir=" + q(scratch / "chromium_profile") + " ";
-  const std::string url = "file://" + fs::absolute(html).string();
+  const std::string url = "file://" + fs::absolute(html).string() + query;
   EXPECT_EQ(sh(common + "--window-size=1400,2400 --screenshot=" + q(r.png) + " " + q(url) + " >/dev/null 2>" + q(log)),
             0) << slurp(log);
   r.log = slurp(log);

@@ -746,5 +746,19 @@ TEST(RealHooks, ReportOnARunWithHooksEvery5) {
   EXPECT_EQ(r.panels.at("attention:max_logit:L1"), 4);
   EXPECT_EQ(r.panels.at("drift:delta_drift_cum:L1"), 4);
   EXPECT_EQ(r.panels.at("loss"), 4);
+
+  // A view in the address: the named selections, and only the named sections shown.
+  const Render v = render_page(out, "report_hooks_view.png", tmp_root(),
+                               "?only=spectral,drift&spectral=wk&drift=delta_drift&attn=nonsense");
+  expect_clean(v);
+  EXPECT_EQ(v.panels.count("spectral:wq:L0"), 0u) << dump_panels(v.panels);
+  EXPECT_EQ(v.panels.at("spectral:wk:L0"), 4);
+  EXPECT_EQ(v.panels.at("drift:delta_drift:L1"), 4);
+  EXPECT_EQ(v.panels.at("attention:max_logit:L1"), 4);  // an unknown value: the default
+  const auto hidden = [&](const std::string& id) {
+    return v.dom.find("<section id=\"" + id + "\" style=\"display: none;\">") != std::string::npos;
+  };
+  EXPECT_TRUE(hidden("loss") && hidden("grad") && hidden("attention")) << v.dom.substr(0, 4000);
+  EXPECT_FALSE(hidden("spectral") || hidden("drift"));
 }
 

@@ -103,6 +103,13 @@
     sel: saved.sel || {},
     zoom: saved.zoom || null,
   };
+  // A view in the address, for links and screenshots: report.html?only=spectral,drift&spectral=wk
+  // &attn=tied_row_frac&drift=delta_drift starts each named select (spectral, attn, drift,
+  // dist_metric, dist_tensor) at the given value, before the kept settings, and `only` shows
+  // just the named sections (loss, grad, spectral, attention, drift, distance) below the runs
+  // table. A value the page does not offer is ignored (the select keeps its default).
+  const view = new URLSearchParams(location.search);
+  for (const [k, v] of view) if (k !== 'only') state.sel[k] = v;
   function saveState() {
     try {
       sessionStorage.setItem(storeKey, JSON.stringify({
@@ -609,6 +616,10 @@
     }
   }
 
+  if (view.has('only')) {
+    const keep = new Set(view.get('only').split(','));
+    for (const sec of app.querySelectorAll('section')) if (!keep.has(sec.id)) sec.style.display = 'none';
+  }
   app.append(el('footer', {}, 'Written by stabletrain report; charts: uPlot (MIT). File formats: docs/run_files.md.'));
   if (D.refresh_s > 0) {
     if (saved.scroll) window.scrollTo(0, saved.scroll);
