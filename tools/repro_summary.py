@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Tables for the Qiu & Yao reproduction study (docs/reproduction.md).
+
+    python3 tools/repro_summary.py STUDY_DIR [STUDY_DIR ...] [--group-by KEY ...] [--json FILE]
+
+Reads the run folders of one or more study folders (runs/<study>/<run>/, docs/run_files.md:
+config.yaml, metrics.jsonl, spectral.csv, attn_stats.csv, delta_drift.csv, events.jsonl,
+train.log) and prints, in Markdown, one row per run and one row per configuration (the runs
+that differ only in run.seed), with these columns (definitions in docs/reproduction.md):
+
+  steps      optimizer steps the run logged (fewer than train.max_steps: it stopped)
+  explosion  first step whose 20-step mean training loss lies >= 0.5 nats above the lowest
+             20-step mean before it, or the step of a non-finite loss; "none" otherwise
+  spikes     steps the run's spike detector flagged (hooks.spike_z, events.jsonl)
+  final loss mean training loss of the last 50 logged steps; val: the last validation loss
+  sigma      spectral-norm growth: sigma_max(W_Q or W_K head slice) at the last hook step over
+             its value at step 0, largest over layers and heads (which one in brackets)
+  one-signed delta drift: |sum_k d_k| / sum_k |d_k| over the hook steps k of one head's
+             delta_drift (1: every hook step's drift has the same sign), largest over heads,
+             with the sign of that head's sum, its positive hook steps and the two-sided sign
+             test's p (p = 1/2 per step; the most one-signed of several heads, so read it
+             against the number of heads); med: the median over heads
+  ties       tied_row_frac (rows whose maximum is tied within attention.tie_tol), mean over
+             heads and hook steps, and the largest head mean
+
+Standard library only (no pandas). Every number is computed from the run files.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+
+WINDOW = 20        # steps in the trailing mean of the explosion rule
+JUMP = 0.5         # nats above the lowest earlier trailing mean
+FINAL = 50         # steps averaged for the final training loss
+IGNORE = {"run.seed", "run.name", "run.out_dir", "train.ckpt_every", "train.keep_checkpoints",
+          "hooks.reference_run"}
+
+
+def read_config(path):
+    """train's config.yaml: two levels, 'section:' then '  key: value  # comment'."""
+    cfg, section = {}, None
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if not line.startswith(" "):
+                section = line.split(":", 1)[0].strip()
+                rest = line.split(":", 1)[1].split("#", 1)[0].strip()
+                if rest:
+                    cfg[section] = rest
+                continue
+            key, _, value = line.strip().partition(":")
+            value = value.split(" #", 1)[0].strip().strip('"')
+            cfg[f"{section}.{key.strip()}"] = value
+    return cfg
+
+
+def read_jsonl(path):
+    out = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    out.append(json.loads(line))
+    return out
+
+
+def read_csv(path):
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def explosion_step(losses):
+    """losses: [(step, loss)] in step order. See the module docstring."""
+    best = math.inf
+    window = []
+    for step, loss in losses:
+        if loss is None or not math.isfinite(loss):
+            return step
+        window.append(loss)
+        if len(window) > WINDOW:
+            window.pop(0)
+        if len(window) == WINDOW:
+            mean = sum(window) / WINDOW
+            if mean >= best + JUMP:
+                return step
+            best = min(best, mean)
+    return None
+
+
+def sign_test(k, n):
+    """Two-sided binomial sign test: P(at least as many same-signed steps | p = 1/2)."""
+    m = max(k, n - k)
+    tail = sum(math.comb(n, i) for i in range(m, n + 1)) / 2.0 ** n
+    return min(1.0, 2 * tail)
+
+
+def summarise_run(run_dir):
+    cfg = read_config(os.path.join(run_dir, "config.yaml"))
+    metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    train = [(m["step"], m["loss"]) for m in metrics if m.get("kind") == "train"]
+    evals = [m for m in metrics if m.get("kind") == "eval"]
+    events = read_jsonl(os.path.join(run_dir, "events.jsonl"))
+    r = {"run": os.path.basename(run_dir.rstrip("/")), "dir": run_dir, "config": cfg,
+         "seed": cfg.get("run.seed"), "max_steps": int(cfg.get("train.max_steps", "0"))}
+    r["steps"] = train[-1][0] if train else 0
+    log = os.path.join(run_dir, "train.log")
+    r["stopped"] = ""
+    if os.path.exists(log):
+        with open(log, errors="replace") as f:
+            for line in f:
+                if "training loss is" in line or "non-finite gradients" in line:
+                    r["stopped"] = line.strip().split("] ", 1)[-1][:200]
+    r["explosion"] = explosion_step(train)
+    if r["explosion"] is None and r["stopped"]:
+        r["explosion"] = r["steps"] + 1
+    r["spikes"] = len({e.get("step") for e in events if e.get("event") == "spike"})
+    tail = [l for _, l in train[-FINAL:] if l is not None and math.isfinite(l)]
+    r["final_loss"] = sum(tail) / len(tail) if tail else math.nan
+    r["val_loss"] = evals[-1].get("val_loss", math.nan) if evals else math.nan
+    if r["val_loss"] is None:
+        r["val_loss"] = math.nan
+
+    # Spectral growth of the per-head W_Q / W_K slices.
+    first, last = {}, {}
+    for row in read_csv(os.path.join(run_dir, "spectral.csv")):
+        if row["matrix"] not in ("wq", "wk"):
+            continue
+        key = (row["matrix"], int(row["layer"]), int(row["head"]))
+        step, sigma = int(row["step"]), float(row["sigma"])
+        if step == 0:
+            first[key] = sigma
+        if key not in last or step >= last[key][0]:
+            last[key] = (step, sigma)
+    growth = {k: last[k][1] / first[k] for k in first if k in last and first[k] > 0}
+    if growth:
+        k = max(growth, key=growth.get)
+        r["sigma_growth"], r["sigma_where"] = growth[k], f"{k[0]} L{k[1]}H{k[2]}"
+    else:
+        r["sigma_growth"], r["sigma_where"] = math.nan, ""
+
+    # One-signedness of the delta drift per head.
+    drift = {}
+    for row in read_csv(os.path.join(run_dir, "delta_drift.csv")):
+        drift.setdefault((int(row["layer"]), int(row["head"])), []).append(float(row["delta_drift"]))
+    ratios = {}
+    for k, d in drift.items():
+        total = sum(abs(x) for x in d)
+        if total > 0 and len(d) >= 2:
+            ratios[k] = (abs(sum(d)) / total, 1 if sum(d) > 0 else -1,
+                         sum(1 for x in d if x > 0), len(d))
+    if ratios:
+        k = max(ratios, key=lambda h: ratios[h][0])
+        r["one_signed"], r["one_signed_sign"] = ratios[k][0], ratios[k][1]
+        r["one_signed_where"] = f"L{k[0]}H{k[1]}"
+        r["sign_p"] = sign_test(ratios[k][2], ratios[k][3])
+        r["pos_steps"] = f"{ratios[k][2]}/{ratios[k][3]}"
+        r["one_signed_median"] = statistics.median(v[0] for v in ratios.values())
+        r["hook_steps"] = max(len(d) for d in drift.values())
+    else:
+        r.update(one_signed=math.nan, one_signed_sign=0, one_signed_where="",
+                 one_signed_median=math.nan, hook_steps=0, sign_p=math.nan, pos_steps="")
+
+    ties = {}
+    for row in read_csv(os.path.join(run_dir, "attn_stats.csv")):
+        if row["stat"] == "tied_row_frac":
+            ties.setdefault((int(row["layer"]), int(row["head"])), []).append(float(row["value"]))
+    if ties:
+        means = [sum(v) / len(v) for v in ties.values()]
+        r["ties_mean"], r["ties_max"] = sum(means) / len(means), max(means)
+    else:
+        r["ties_mean"] = r["ties_max"] = math.nan
+    return r
+
+
+def fmt(x, spec=".3f"):
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return format(x, spec)
+
+
+def mean_se(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return "-"
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return f"{m:.3f}"
+    return f"{m:.3f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.3f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("studies", nargs="+", help="study folders (or run folders)")
+    ap.add_argument("--json", help="also write every run's figures to this JSON file")
+    args = ap.parse_args()
+
+    runs = []
+    for d in args.studies:
+        if os.path.exists(os.path.join(d, "config.yaml")):
+            runs.append(summarise_run(d))
+            continue
+        if not os.path.isdir(d):
+            sys.exit(f"repro_summary: error: {d}: no such folder (give a study's out_dir)")
+        for name in sorted(os.listdir(d)):
+            if os.path.exists(os.path.join(d, name, "config.yaml")):
+                runs.append(summarise_run(os.path.join(d, name)))
+                if len(args.studies) > 1:  # run names repeat across studies
+                    runs[-1]["run"] = os.path.basename(os.path.normpath(d)) + "/" + name
+    if not runs:
+        sys.exit("repro_summary: error: no run folders (with config.yaml) in " + " ".join(args.studies))
+
+    # What varies between the runs (besides the seed) names the configurations.
+    keys = sorted({k for r in runs for k in r["config"]} - IGNORE)
+    varying = [k for k in keys if len({r["config"].get(k) for r in runs}) > 1]
+
+    print("| run | seed | steps | explosion | spikes | final loss | val loss | sigma growth | "
+          "one-signed drift: top head, + steps, p (median) | ties mean / max |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        steps = f"{r['steps']}" + ("" if r["steps"] >= r["max_steps"] else f" of {r['max_steps']}")
+        sign = "+" if r["one_signed_sign"] > 0 else "-" if r["one_signed_sign"] < 0 else ""
+        print(f"| {r['run']} | {r['seed']} | {steps} | {r['explosion'] or 'none'} | {r['spikes']} | "
+              f"{fmt(r['final_loss'])} | {fmt(r['val_loss'])} | {fmt(r['sigma_growth'], '.2f')} "
+              f"({r['sigma_where']}) | {fmt(r['one_signed'], '.2f')}{sign} {r['one_signed_where']} "
+              f"{r['pos_steps']} p={fmt(r['sign_p'], '.1g')} ({fmt(r['one_signed_median'], '.2f')}) | {fmt(r['ties_mean'], '.4f')} / "
+              f"{fmt(r['ties_max'], '.4f')} |")
+
+    groups = {}
+    for r in runs:
+        groups.setdefault(tuple(r["config"].get(k) for k in varying), []).append(r)
+    print()
+    label = ", ".join(varying) if varying else "(one configuration)"
+    print(f"| {label} | seeds | exploded | final loss | sigma growth | one-signed drift | ties mean |")
+    print("|---|---|---|---|---|---|---|")
+    for key, rs in groups.items():
+        exploded = [r for r in rs if r["explosion"]]
+        at = ", ".join(str(r["explosion"]) for r in exploded)
+        print(f"| {', '.join(key) if key else '-'} | {len(rs)} | {len(exploded)} of {len(rs)}"
+              f"{' (' + at + ')' if at else ''} | {mean_se([r['final_loss'] for r in rs])} | "
+              f"{mean_se([r['sigma_growth'] for r in rs])} | {mean_se([r['one_signed'] for r in rs])} | "
+              f"{mean_se([r['ties_mean'] for r in rs])} |")
+    print()
+    print("Means ± standard error over the seeds of a configuration. Columns: "
+          "tools/repro_summary.py's docstring and docs/reproduction.md.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{k: v for k, v in r.items() if k != "config"} | {"config": r["config"]}
+                       for r in runs], f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
