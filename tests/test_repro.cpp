@@ -55,7 +55,8 @@ void write(const fs::path& p, const std::string& text) {
 
 // A run folder with known answers: losses 3 - 0.001 s until `jump` (0: never), 4.5 after;
 // W_Q of L0H0 grows from 0.5 to 1.5 (x3), every other slice stays at 1; head 0's delta
-// drift is positive on all 5 hook steps, head 1's alternates; tied_row_frac 0.1 and 0.3.
+// drift is positive on all 5 hook steps, head 1's alternates, every delta_abs_err 2e-6;
+// tied_row_frac 0.1 and 0.3.
 fs::path known_run(const std::string& name, int steps, int jump, const std::string& log_line) {
   const fs::path d = tmp_root() / "known" / name;
   write(d / "config.yaml", "run:\n  name: " + name + "\n  seed: 5   # seed\ntrain:\n  max_steps: 300\n");
@@ -76,8 +77,8 @@ fs::path known_run(const std::string& name, int steps, int jump, const std::stri
   std::ostringstream dd;
   dd << "step,layer,head,delta_drift,delta_drift_cum,delta_abs_err,dwq_err_norm,dwq_rel_err,dwq_cos_prev\n";
   for (int k = 1; k <= 5; ++k) {
-    dd << k * 20 << ",0,0," << 1e-6 * k << ",0,0,0,0,\n";
-    dd << k * 20 << ",0,1," << (k % 2 ? 1e-6 : -1e-6) << ",0,0,0,0,\n";
+    dd << k * 20 << ",0,0," << 1e-6 * k << ",0,2e-6,0,0,\n";
+    dd << k * 20 << ",0,1," << (k % 2 ? 1e-6 : -1e-6) << ",0,2e-6,0,0,\n";
   }
   write(d / "delta_drift.csv", dd.str());
   write(d / "attn_stats.csv", "step,layer,head,stat,value\n20,0,0,tied_row_frac,0.1\n40,0,0,tied_row_frac,0.1\n"
@@ -114,6 +115,9 @@ TEST(ReproSummary, FiguresOfRunsWithKnownAnswers) {
   EXPECT_EQ(calm["pos_steps"], "5/5");
   EXPECT_NEAR(calm["sign_p"].get<double>(), 2.0 / 32.0, 1e-12);
   EXPECT_NEAR(calm["one_signed_median"].get<double>(), (1.0 + 0.2) / 2, 1e-12);  // head 1: |1e-6| / 5e-6
+  EXPECT_NEAR(calm["pos_frac"].get<double>(), 8.0 / 10.0, 1e-12);  // 5 of head 0, 3 of head 1
+  EXPECT_NEAR(calm["abs_err"].get<double>(), 2e-6, 1e-18);
+  EXPECT_NEAR(calm["net_drift"].get<double>(), (15e-6 + 1e-6) / (10 * 2e-6), 1e-12);  // sum drift / sum |err|
   EXPECT_NEAR(calm["ties_mean"].get<double>(), 0.2, 1e-12);
   EXPECT_NEAR(calm["ties_max"].get<double>(), 0.3, 1e-12);
 

@@ -20,6 +20,12 @@ that differ only in run.seed), with these columns (definitions in docs/reproduct
              with the sign of that head's sum, its positive hook steps and the two-sided sign
              test's p (p = 1/2 per step; the most one-signed of several heads, so read it
              against the number of heads); med: the median over heads
+  drift > 0  the fraction of all (layer, head, hook step) delta drifts that are positive
+             (0.5 without a bias; Qiu & Yao's error is positive)
+  |err|      delta_abs_err (sum over a hook step's rows of |delta_run - delta_fp64|), mean
+             over heads and hook steps: the size of the delta error
+  net        sum of every delta_drift over the sum of every delta_abs_err: the systematic
+             share of the error (0 without a bias, +-1 when every row errs the same way)
   ties       tied_row_frac (rows whose maximum is tied within attention.tie_tol), mean over
              heads and hook steps, and the largest head mean
 
@@ -149,8 +155,17 @@ def summarise_run(run_dir):
 
     # One-signedness of the delta drift per head.
     drift = {}
+    abs_err = []
     for row in read_csv(os.path.join(run_dir, "delta_drift.csv")):
         drift.setdefault((int(row["layer"]), int(row["head"])), []).append(float(row["delta_drift"]))
+        abs_err.append(float(row["delta_abs_err"]))
+    # The delta error's size (mean over heads and hook steps of sum_rows |d_run - d_fp64|) and
+    # its systematic part: the net signed drift over the summed absolute error (-1..1).
+    r["abs_err"] = sum(abs_err) / len(abs_err) if abs_err else math.nan
+    total_drift = sum(x for d in drift.values() for x in d)
+    r["net_drift"] = total_drift / sum(abs_err) if abs_err and sum(abs_err) > 0 else math.nan
+    every = [x for d in drift.values() for x in d if x != 0]
+    r["pos_frac"] = sum(1 for x in every if x > 0) / len(every) if every else math.nan
     ratios = {}
     for k, d in drift.items():
         total = sum(abs(x) for x in d)
@@ -187,14 +202,24 @@ def fmt(x, spec=".3f"):
     return format(x, spec)
 
 
-def mean_se(xs):
+def mean_se(xs, digits=3):
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
         return "-"
     m = sum(xs) / len(xs)
     if len(xs) < 2:
-        return f"{m:.3f}"
-    return f"{m:.3f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.3f}"
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.{digits}f}"
+
+
+def mean_sci(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return "-"
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return f"{m:.2e}"
+    return f"{m:.2e} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.1e}"
 
 
 def main():
@@ -223,15 +248,16 @@ def main():
     varying = [k for k in keys if len({r["config"].get(k) for r in runs}) > 1]
 
     print("| run | seed | steps | explosion | spikes | final loss | val loss | sigma growth | "
-          "one-signed drift: top head, + steps, p (median) | ties mean / max |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "one-signed drift: top head, + steps, p (median) | drift > 0 | ties mean / max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         steps = f"{r['steps']}" + ("" if r["steps"] >= r["max_steps"] else f" of {r['max_steps']}")
         sign = "+" if r["one_signed_sign"] > 0 else "-" if r["one_signed_sign"] < 0 else ""
         print(f"| {r['run']} | {r['seed']} | {steps} | {r['explosion'] or 'none'} | {r['spikes']} | "
               f"{fmt(r['final_loss'])} | {fmt(r['val_loss'])} | {fmt(r['sigma_growth'], '.2f')} "
               f"({r['sigma_where']}) | {fmt(r['one_signed'], '.2f')}{sign} {r['one_signed_where']} "
-              f"{r['pos_steps']} p={fmt(r['sign_p'], '.1g')} ({fmt(r['one_signed_median'], '.2f')}) | {fmt(r['ties_mean'], '.4f')} / "
+              f"{r['pos_steps']} p={fmt(r['sign_p'], '.1g')} ({fmt(r['one_signed_median'], '.2f')}) | "
+              f"{fmt(r['pos_frac'], '.2f')} | {fmt(r['ties_mean'], '.4f')} / "
               f"{fmt(r['ties_max'], '.4f')} |")
 
     groups = {}
@@ -239,22 +265,27 @@ def main():
         groups.setdefault(tuple(r["config"].get(k) for k in varying), []).append(r)
     print()
     label = ", ".join(varying) if varying else "(one configuration)"
-    print(f"| {label} | seeds | exploded | final loss | sigma growth | one-signed drift | ties mean |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| {label} | seeds | exploded | final loss | val loss | sigma growth | one-signed drift | "
+          "drift > 0 | abs err | net | ties mean |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key, rs in groups.items():
         exploded = [r for r in rs if r["explosion"]]
         at = ", ".join(str(r["explosion"]) for r in exploded)
         print(f"| {', '.join(key) if key else '-'} | {len(rs)} | {len(exploded)} of {len(rs)}"
               f"{' (' + at + ')' if at else ''} | {mean_se([r['final_loss'] for r in rs])} | "
-              f"{mean_se([r['sigma_growth'] for r in rs])} | {mean_se([r['one_signed'] for r in rs])} | "
-              f"{mean_se([r['ties_mean'] for r in rs])} |")
+              f"{mean_se([r['val_loss'] for r in rs])} | "
+              f"{mean_se([r['sigma_growth'] for r in rs], 2)} | {mean_se([r['one_signed'] for r in rs], 2)} | "
+              f"{mean_se([r['pos_frac'] for r in rs], 2)} | {mean_sci([r['abs_err'] for r in rs])} | "
+              f"{mean_se([r['net_drift'] for r in rs], 3)} | {mean_se([r['ties_mean'] for r in rs], 4)} |")
     print()
     print("Means ± standard error over the seeds of a configuration. Columns: "
           "tools/repro_summary.py's docstring and docs/reproduction.md.")
     if args.json:
+        def finite(v):  # JSON has no NaN: null
+            return None if isinstance(v, float) and not math.isfinite(v) else v
         with open(args.json, "w") as f:
-            json.dump([{k: v for k, v in r.items() if k != "config"} | {"config": r["config"]}
-                       for r in runs], f, indent=1, default=str)
+            json.dump([{k: finite(v) for k, v in r.items()} for r in runs], f, indent=1,
+                      allow_nan=False)
 
 
 if __name__ == "__main__":
