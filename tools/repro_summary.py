@@ -276,7 +276,7 @@ def main():
               f"{mean_se([r['val_loss'] for r in rs])} | "
               f"{mean_se([r['sigma_growth'] for r in rs], 2)} | {mean_se([r['one_signed'] for r in rs], 2)} | "
               f"{mean_se([r['pos_frac'] for r in rs], 2)} | {mean_sci([r['abs_err'] for r in rs])} | "
-              f"{mean_se([r['net_drift'] for r in rs], 3)} | {mean_se([r['ties_mean'] for r in rs], 4)} |")
+              f"{mean_se([r['net_drift'] for r in rs], 4)} | {mean_se([r['ties_mean'] for r in rs], 4)} |")
     print()
     print("Means ± standard error over the seeds of a configuration. Columns: "
           "tools/repro_summary.py's docstring and docs/reproduction.md.")
