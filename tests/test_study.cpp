@@ -404,6 +404,26 @@ TEST(Study, AFailedCompareStillWritesTheReport) {
   EXPECT_EQ(c.out.find("study: done"), std::string::npos) << c.out;
 }
 
+// A cross-key rule is judged on each run's whole set: train.seq_len 32 beside
+// model.max_seq_len 32 passes although the base's max_seq_len is 16; train.seq_len 32 alone
+// is reported at its line, naming the run.
+TEST(Study, KeysThatBelongTogetherAreJudgedTogether) {
+  const fs::path out = tmp_root() / "together";
+  const Cmd ok = study(study_file("together.yaml", "set: {model.max_seq_len: 32, train.seq_len: 32}\n"
+                                                   "axes:\n  run.seed: [1, 2]\n").string() +
+                       " --dry-run --out " + out.string());
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("train.seq_len=32"), std::string::npos) << ok.out;
+  const Cmd bad = study(study_file("apart.yaml", "set: {train.seq_len: 32}\naxes:\n  run.seed: [1, 2]\n").string() +
+                        " --dry-run --out " + out.string());
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(count(bad.err, "\n"), 1) << bad.err;
+  EXPECT_NE(bad.err.find("apart.yaml:2: set.train.seq_len: train.seq_len = 32 exceeds model.max_seq_len = 16"),
+            std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("(run 'seed-1')"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(out));
+}
+
 // The shipped study files pass every check (a dry run from the repository root, where their
 // paths point): a config key renamed later would fail here, not after hours of runs.
 TEST(Study, ShippedStudyFilesPassTheirChecks) {

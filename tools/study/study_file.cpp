@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -284,6 +285,9 @@ Study load_study(const std::string& path, const std::string& out_override) {
   }
 
   // One override on the base config: the loader's error, located in the study file.
+  // Overrides that break a cross-key rule alone, by "KEY=VALUE": where they are, in case the
+  // whole run breaks it too (then the error is reported at that line).
+  std::map<std::string, std::string> alone_breaks_rule;
   auto check_one = [&](const Override& o, const YAML::Node& n, const std::string& where) {
     for (const char* owned : kOwnedKeys)
       if (o.key == owned)
@@ -296,6 +300,13 @@ Study load_study(const std::string& path, const std::string& out_override) {
       parse_config(base_text, s.base, {arg});
     } catch (const Error& e) {
       std::string msg = e.what();
+      // A rule that ties keys together (train.seq_len <= model.max_seq_len, ...) is judged
+      // on each run's whole set below: alone, train.seq_len 256 breaks it, beside
+      // model.max_seq_len 256 it does not. Only the override's own error is reported here.
+      if (msg.rfind(s.base + " (with --set overrides): ", 0) == 0) {
+        alone_breaks_rule.emplace(arg, rd.at(n) + where);
+        return;
+      }
       const std::string prefix = s.base + ": --set " + arg + ": ";
       if (msg.rfind(prefix, 0) == 0) msg = msg.substr(prefix.size());
       fail(rd.at(n), where, ": ", msg);
@@ -380,7 +391,14 @@ Study load_study(const std::string& path, const std::string& out_override) {
     try {
       return parse_config(base_text, s.base, args);
     } catch (const Error& e) {
-      fail(path, ": run '", r.name, "' (", s.base, " ", join_sets(args), "): ", e.what());
+      std::string msg = e.what();
+      for (const std::string& a : args)
+        if (auto it = alone_breaks_rule.find(a); it != alone_breaks_rule.end()) {
+          const std::string prefix = s.base + " (with --set overrides): ";
+          if (msg.rfind(prefix, 0) == 0) msg = msg.substr(prefix.size());
+          fail(it->second, ": ", msg, " (run '", r.name, "')");
+        }
+      fail(path, ": run '", r.name, "' (", s.base, " ", join_sets(args), "): ", msg);
     }
   };
   int64_t min_steps = INT64_MAX;
