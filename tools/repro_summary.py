@@ -202,24 +202,15 @@ def fmt(x, spec=".3f"):
     return format(x, spec)
 
 
-def mean_se(xs, digits=3):
+def mean_se(xs, spec=".3f", se_spec=None):
+    """'mean ± standard error' of the finite values, each formatted by spec (se_spec)."""
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
         return "-"
     m = sum(xs) / len(xs)
     if len(xs) < 2:
-        return f"{m:.{digits}f}"
-    return f"{m:.{digits}f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.{digits}f}"
-
-
-def mean_sci(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return "-"
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return f"{m:.2e}"
-    return f"{m:.2e} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.1e}"
+        return format(m, spec)
+    return f"{format(m, spec)} ± {format(statistics.stdev(xs) / math.sqrt(len(xs)), se_spec or spec)}"
 
 
 def main():
@@ -274,9 +265,9 @@ def main():
         print(f"| {', '.join(key) if key else '-'} | {len(rs)} | {len(exploded)} of {len(rs)}"
               f"{' (' + at + ')' if at else ''} | {mean_se([r['final_loss'] for r in rs])} | "
               f"{mean_se([r['val_loss'] for r in rs])} | "
-              f"{mean_se([r['sigma_growth'] for r in rs], 2)} | {mean_se([r['one_signed'] for r in rs], 2)} | "
-              f"{mean_se([r['pos_frac'] for r in rs], 2)} | {mean_sci([r['abs_err'] for r in rs])} | "
-              f"{mean_se([r['net_drift'] for r in rs], 4)} | {mean_se([r['ties_mean'] for r in rs], 4)} |")
+              f"{mean_se([r['sigma_growth'] for r in rs], '.2f')} | {mean_se([r['one_signed'] for r in rs], '.2f')} | "
+              f"{mean_se([r['pos_frac'] for r in rs], '.2f')} | {mean_se([r['abs_err'] for r in rs], '.2e', '.1e')} | "
+              f"{mean_se([r['net_drift'] for r in rs], '.4f')} | {mean_se([r['ties_mean'] for r in rs], '.4f')} |")
     print()
     print("Means ± standard error over the seeds of a configuration. Columns: "
           "tools/repro_summary.py's docstring and docs/reproduction.md.")
