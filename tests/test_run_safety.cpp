@@ -330,18 +330,49 @@ TEST(RunSafety, TwoRunsStartedTogetherOneIsRefused) {
 }
 
 // Two --resume started together (the probe saw both run: 34 loss lines for 25 steps).
+// Both carry a hang at step 20, so whichever takes the lock holds it until killed: the
+// other must be refused whatever the scheduling (without the hang, a loaded machine let the
+// first finish all 37 steps before the second started, and the second then rightly said
+// "nothing to do"). Had both taken the lock, both would hang and neither would end.
 TEST(RunSafety, TwoResumesStartedTogetherOneIsRefused) {
-  const std::string cfg = write_config("race2", 40);  // long enough to overlap
+  const std::string cfg = write_config("race2", 40);
+  const std::vector<std::string> hang = {"STABLETRAIN_FAULT=0:20:step:hang"};
   for (int t = 0; t < 3; ++t) {
     fs::remove_all(run_dir("race2"));
     std::string out;
     ASSERT_EQ(run(cfg, {"--stop-after", "3"}, &out), 0) << out;
-    const Proc a = start(cfg, {"--resume"}), b = start(cfg, {"--resume"});
-    const int ra = wait_for(a), rb = wait_for(b);
-    EXPECT_TRUE((ra == 0) != (rb == 0)) << "try " << t << ": exit codes " << ra << " and " << rb;
-    EXPECT_NE(slurp(ra == 0 ? b.err : a.err).find("in use by another train process"),
-              std::string::npos)
-        << slurp(ra == 0 ? b.err : a.err);
+    const Proc a = start(cfg, {"--resume"}, hang), b = start(cfg, {"--resume"}, hang);
+    // The first of the two to end is the refused one.
+    const Proc* refused = nullptr;
+    int rc = 0;
+    const bool one_ended = wait_until(
+        [&] {
+          for (const Proc* p : {&a, &b}) {
+            int st = 0;
+            if (::waitpid(p->pid, &st, WNOHANG) == p->pid) {
+              refused = p;
+              rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+              return true;
+            }
+          }
+          return false;
+        },
+        120);
+    if (!one_ended) {
+      for (const Proc* p : {&a, &b}) ::kill(p->pid, SIGKILL), ::waitpid(p->pid, nullptr, 0);
+      FAIL() << "try " << t << ": neither resume ended: both took the run directory\n"
+             << slurp(a.err) << "\n" << slurp(b.err);
+    }
+    const Proc& holder = refused == &a ? b : a;
+    EXPECT_NE(rc, 0) << "try " << t;
+    EXPECT_NE(slurp(refused->err).find("in use by another train process"), std::string::npos)
+        << slurp(refused->err);
+    EXPECT_TRUE(wait_until(
+        [&] { return slurp(holder.err).find("injected fault") != std::string::npos; }))
+        << slurp(holder.err);
+    ::kill(holder.pid, SIGKILL);
+    EXPECT_EQ(wait_for(holder), 128 + SIGKILL);
+    ASSERT_EQ(run(cfg, {"--resume"}, &out), 0) << out;
     EXPECT_EQ(count_lines(run_dir("race2") / "metrics.jsonl", "\"loss\""), 40);
   }
 }
