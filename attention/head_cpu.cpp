@@ -11,7 +11,8 @@
 //   O~    = r_a(r_a(alpha * O~) + r_a(P~ V))   the tile's P~V accumulated in `mac`, then
 //                                             rounded to the accumulator's format (with a
 //                                             BF16 accumulator this is the rounding in which
-//                                             Qiu & Yao's bias arises)
+//                                             Qiu & Yao's bias arises; o_tilde_bits narrows
+//                                             these three roundings only)
 //   O = r_o(O~ / l); o32 = O~ / l in the wide format; lse = m + log l (wide)
 // r_s, r_a, r_l, r_p, r_o round to scores, accum, lsum, probs, out (docs/numerics.md states
 // these conventions for every backend). Inner r_x(...) marks rounding of an
@@ -109,6 +110,10 @@ struct Ctx {
   bool flash;
   const double* dots;  // (T, Tk) given q.k values, or null: computed from q and K
   double rop(double x, DType f) const { return n.round_ops ? round_fmt(x, f) : x; }
+  // Rounding into O~'s format: accum, or o_tilde_bits fraction bits when set.
+  double r_ot(double x) const {
+    return n.o_tilde_bits ? round_fraction_bits(x, n.o_tilde_bits) : round_fmt(x, n.accum);
+  }
   int last_key(int t) const { return cfg.causal ? t : Tk - 1; }
   // S[s] for keys [c0, c1) of query row t (q: that row); kt is K transposed (d x Tk).
   void score_row(int t, const double* q, const double* kt, int c0, int c1, double* S) const {
@@ -310,7 +315,7 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       std::fill(pv.begin(), pv.end(), 0.0);
       for (int s = c0; s < c1; ++s) axpy(pv.data(), P[s - c0], v + s * d, d, n.mac);
       for (int j = 0; j < d; ++j)
-        acc[j] = round_fmt(c.rop(alpha * acc[j], n.accum) + round_fmt(pv[j], n.accum), n.accum);
+        acc[j] = c.r_ot((n.round_ops ? c.r_ot(alpha * acc[j]) : alpha * acc[j]) + c.r_ot(pv[j]));
       m = m_new;
     }
     for (int j = 0; j < d; ++j) {
@@ -436,6 +441,7 @@ std::vector<double> deltas(const Ctx& c, const double* q, const double* k, const
       AttnNumerics w = n;
       w.scores = w.probs = w.accum = w.lsum = w.out = w.mac = w.lsum_mac = wide_of(n);
       w.round_ops = false;
+      w.o_tilde_bits = 0;
       HeadForward re;
       if (c.dots)
         head_forward_dots(c.cfg, w, T, Tk, d, c.dots, v, re);

@@ -173,9 +173,18 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
       l = round_to_float(alpha * l + rowsum, n.lsum);
       std::fill(pv, pv + d, 0.0f);
       for (int i = 0; i < w; ++i) axpy(pv, P[i], v + static_cast<size_t>(c0 + i) * d, d);
-      for (int j = 0; j < d; ++j) {
-        const double scaled = alpha * acc[j];
-        acc[j] = round_to_float(scaled + round_to_float(pv[j], n.accum), n.accum);
+      if (n.o_tilde_bits) {
+        const int b = n.o_tilde_bits;
+        for (int j = 0; j < d; ++j) {
+          const double scaled = alpha * acc[j];
+          acc[j] = static_cast<float>(
+              round_fraction_bits(scaled + round_fraction_bits(pv[j], b), b));
+        }
+      } else {
+        for (int j = 0; j < d; ++j) {
+          const double scaled = alpha * acc[j];
+          acc[j] = round_to_float(scaled + round_to_float(pv[j], n.accum), n.accum);
+        }
       }
       m = m_new;
     }

@@ -42,6 +42,23 @@ AttnNumerics AttentionConfig::numerics(DType compute, int head) const {
   for (int h : fp32_out_heads)
     if (h == head) n.out = compute == DType::F64 ? DType::F64 : DType::F32;
   n.delta = kind == AttentionKind::Baseline ? DeltaMode::DpP : delta;
+  if (o_tilde_bits) {
+    if (kind == AttentionKind::Baseline)
+      fail("attention.o_tilde_bits = ", o_tilde_bits,
+           " is set, but the baseline backend has no O~ accumulator (set it on flash or "
+           "stabilized_flash runs only)");
+    if (n.accum != DType::BF16 && n.accum != DType::F32)
+      fail("attention.o_tilde_bits = ", o_tilde_bits, " narrows O~ within FP32's exponent "
+           "range, but O~ is ", dtype_name(n.accum), " here (set attention.accum: bf16 or fp32)");
+    // Below the format's own fraction bits (BF16 7, FP32 23), and at most 21 (the rounding
+    // goes through FP32 with two bits to spare).
+    const int most = n.accum == DType::BF16 ? 6 : 21;
+    if (o_tilde_bits < 1 || o_tilde_bits > most)
+      fail("attention.o_tilde_bits = ", o_tilde_bits, " must be in 1..", most, " to narrow O~ (",
+           dtype_name(n.accum), " keeps ", n.accum == DType::BF16 ? 7 : 23,
+           " fraction bits); 0 keeps O~ in attention.accum");
+    n.o_tilde_bits = o_tilde_bits;
+  }
   return n;
 }
 

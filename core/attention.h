@@ -43,6 +43,8 @@ struct AttentionConfig {
   // accum: bf16 alone keeps l in BF16 as the paper's implementation does).
   std::optional<DType> lsum, lsum_mac;
   DeltaMode delta = DeltaMode::O;
+  // Flash: fraction bits of O~ (AttnNumerics::o_tilde_bits); 0: O~ in accum's format.
+  int o_tilde_bits = 0;
   // Flash tiles: Br query rows, Bc key columns; 0 means one tile spanning the sequence.
   int block_q = 64, block_k = 64;
   // Stabilized flash (Qiu & Yao): shift factor beta and tie tolerance. max_shift caps the

@@ -49,6 +49,10 @@ std::optional<DType> parse_point_format(const std::string& s) {
   return parse_dtype(s);
 }
 
+void round_fraction_bits_bad(int bits) {
+  fail("round_fraction_bits: ", bits, " fraction bits is outside 1..21");
+}
+
 std::string AttnNumerics::describe() const {
   std::ostringstream os;
   os << "qkv=" << dtype_name(qkv) << " scores=" << dtype_name(scores)
@@ -57,6 +61,7 @@ std::string AttnNumerics::describe() const {
      << " lsum_mac=" << dtype_name(lsum_mac)
      << " grads=" << dtype_name(grads) << (round_ops ? " round_ops" : "")
      << " delta=" << delta_mode_name(delta);
+  if (o_tilde_bits) os << " o_tilde_bits=" << o_tilde_bits;
   return os.str();
 }
 

@@ -54,6 +54,12 @@ struct AttnNumerics {
   DType lsum_mac = DType::F32;  // partial sums of the softmax row sum l over one key tile
   DType grads = DType::F32;   // stored dQ, dK, dV, dS, dP
   bool round_ops = false;     // every_op/every_mac: intermediate results (a*b, a+b) rounded too
+  // Flash only: O~ (the output accumulator, the rounding point of Qiu & Yao's bias) kept
+  // with this many fraction bits and FP32's exponent range (BF16 keeps 7) instead of in
+  // `accum`; 0: in `accum`. A narrower O~ amplifies the cause without changing the
+  // mechanism (docs/numerics.md). Every rounding into O~ uses it: r(alpha * O~), r(P~ V)
+  // and their sum; alpha itself stays in `accum`.
+  int o_tilde_bits = 0;
   DeltaMode delta = DeltaMode::O;
   std::string describe() const;  // "qkv=bf16 scores=fp32 ... delta=o"
 };
@@ -88,6 +94,35 @@ inline double round_fmt(double x, DType f) {
     }
     default: round_fmt_bad_format(f);
   }
+}
+
+// x rounded to nearest (ties to even) in the binary format with FP32's exponent range
+// (gradual underflow included) and `bits` fraction bits, 1 <= bits <= 21: BF16 is bits = 7.
+// One correct rounding from x: round to odd at FP32 first (23 fraction bits, at least two
+// more than the target, so no double rounding), then to nearest even at bit 23 - bits.
+// Overflow gives Inf; NaN and Inf pass through.
+[[noreturn]] void round_fraction_bits_bad(int bits);
+inline double round_fraction_bits(double x, int bits) {
+  if (bits < 1 || bits > 21) round_fraction_bits_bad(bits);
+  if (!std::isfinite(x)) return x;
+  const float t = static_cast<float>(x);
+  uint32_t u;
+  std::memcpy(&u, &t, 4);
+  if (std::fabs(static_cast<double>(t)) > std::fabs(x)) --u;  // toward zero (see round_fmt)
+  float tz;
+  std::memcpy(&tz, &u, 4);
+  if (static_cast<double>(tz) != x) u |= 1u;  // sticky: round to odd
+  const int drop = 23 - bits;
+  const uint32_t mag = u & 0x7fffffffu;
+  // Adding half a unit minus one plus the kept LSB carries exactly when the dropped part is
+  // above the midpoint, or at it with an odd kept part (as float_to_bf16_bits); a carry out
+  // of the largest finite value lands on Inf's encoding.
+  uint32_t r = mag + ((1u << (drop - 1)) - 1u) + ((mag >> drop) & 1u);
+  r &= ~((1u << drop) - 1u);
+  r |= u & 0x80000000u;
+  float f;
+  std::memcpy(&f, &r, 4);
+  return static_cast<double>(f);
 }
 
 }  // namespace st

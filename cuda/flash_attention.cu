@@ -79,6 +79,9 @@ class FlashAttentionCuda : public Attention {
     if (!cfg.fp32_out_heads.empty())
       fail("attention.fp32_out_heads is not supported by the CUDA flash kernels; use "
            "attention.delta: o_fp32 (the backward's delta from the forward's FP32 O) instead");
+    if (cfg.o_tilde_bits)
+      fail("attention.o_tilde_bits = ", cfg.o_tilde_bits,
+           " is CPU only; the CUDA flash kernels keep O~ in attention.accum's format");
     if (cfg.delta == DeltaMode::Fp32Recompute)
       fail("attention.delta = fp32_recompute is CPU only; the CUDA flash kernels support o, "
            "o_split, o_fp32 and dp_p");

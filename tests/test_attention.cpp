@@ -24,6 +24,7 @@
 
 #include "attention/head_cpu.h"
 #include "core/attention_numerics.h"
+#include "core/error.h"
 #include "backends/backends.h"
 #include "core/backend.h"
 #include "core/rng.h"
@@ -502,6 +503,50 @@ TEST(RoundFmt, AgreesWithFloatPath) {
   EXPECT_EQ(bad, 0);
 }
 
+TEST(RoundFmt, FractionBitsAgainstReference) {
+  // round_fraction_bits(x, N), the format of attention.o_tilde_bits (FP32's exponent range,
+  // N fraction bits), against ref_round with p = N + 1, emin = -126: random doubles over the
+  // whole range (subnormals, underflow, overflow) and the midpoints of adjacent values, one
+  // double ulp either side; N = 7 is BF16 and must equal round_fmt's BF16.
+  Rng rng(13);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int N : {1, 2, 3, 4, 6, 7, 10, 16, 21}) {
+    const Fmt f{DType::F32, N + 1, -126, std::ldexp(2.0 - std::ldexp(1.0, -N), 127)};
+    int bad = 0;
+    auto check = [&](double x) {
+      const double want = ref_round(x, f), got = round_fraction_bits(x, N);
+      if (!(got == want && std::signbit(got) == std::signbit(want)) && bad++ < 5)
+        ADD_FAILURE() << "N=" << N << " round_fraction_bits(" << x << ") = " << got
+                      << ", want " << want;
+      if (N == 7 && !(got == round_fmt(x, DType::BF16)) && bad++ < 5)
+        ADD_FAILURE() << "N=7 differs from bf16 at " << x;
+    };
+    const int lo = -126 - N - 3, hi = 130;
+    for (int i = 0; i < (1 << 18); ++i) {
+      const int e = lo + static_cast<int>(rng.below(static_cast<uint64_t>(hi - lo + 1)));
+      const double sgn = rng.below(2) ? -1.0 : 1.0;
+      check(sgn * std::ldexp(1.0 + rng.uniform(), e));
+      // A midpoint of two neighbours at exponent e (quantum 2^(max(e,-126) - N)), and the
+      // doubles next to it.
+      const double q = std::ldexp(1.0, std::max(e, -126) - N);
+      const double a = std::floor(std::ldexp(1.0 + rng.uniform(), e) / q) * q;
+      for (double x : {a + q / 2, std::nextafter(a + q / 2, 0.0), std::nextafter(a + q / 2, inf)})
+        check(sgn * x);
+    }
+    EXPECT_EQ(bad, 0) << "N=" << N;
+    EXPECT_EQ(round_fraction_bits(inf, N), inf);
+    EXPECT_EQ(round_fraction_bits(-1e300, N), -inf);
+    EXPECT_TRUE(std::isnan(round_fraction_bits(std::nan(""), N)));
+    EXPECT_TRUE(std::signbit(round_fraction_bits(-1e-300, N)));
+  }
+  // Hand-checked: 1 + 3/16 with 3 fraction bits is a tie between 1.125 and 1.25: to even.
+  EXPECT_EQ(round_fraction_bits(1.1875, 3), 1.25);
+  EXPECT_EQ(round_fraction_bits(1.0625, 3), 1.0);  // tie between 1 and 1.125: to even (1)
+  EXPECT_EQ(round_fraction_bits(1.0625 + 0x1p-40, 3), 1.125);
+  EXPECT_THROW(round_fraction_bits(1.0, 0), Error);
+  EXPECT_THROW(round_fraction_bits(1.0, 22), Error);
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. Hand-worked spec cases: each rounding point of head_cpu.cpp's header comment, worked
 // step by step for inputs small enough to follow (values checked with exact rational
@@ -696,6 +741,66 @@ TEST(AttentionSpec, PaperBitExample) {
   // The FP64 softmax of the same row, rounded once to BF16, is the FP32-accumulator answer.
   const RefHead ref = reference_head(3, 1, true, q, k, v, {});
   EXPECT_EQ(round_fmt(ref.o[2], DType::BF16), -2.34375);
+}
+
+TEST(AttentionSpec, NarrowOTildeHandWorked) {
+  // attention.o_tilde_bits on the paper's example above: the tile's P~V = -4.70399475...
+  // rounds into O~ with N fraction bits (quantum 2^(2 - N) in [4, 8)), l = R(2.00087) = 2.
+  //   N = 2: O~ = -5 (nearest of -4, -5), O = R(-5 / 2) = -2.5
+  //   N = 3: O~ = -4.5 (of -4.5, -5),      O = -2.25
+  //   N = 6: O~ = -4.6875 (of -4.6875, -4.75): here the sticky term no longer decides, O =
+  //   -2.34375, the exact answer rounded.
+  const Vec q = {1.375, 1.375, 1.375}, k = {0.0, -5.125, 0.0};
+  const Vec v = {-2.40625, -1.0, -2.296875};
+  AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
+  cfg.accum = DType::BF16;
+  for (const auto& [bits, want] : {std::pair{2, -2.5}, {3, -2.25}, {6, -2.34375}}) {
+    cfg.o_tilde_bits = bits;
+    EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o[2], want) << bits << " bits";
+  }
+  // With an FP32 accumulator, 7 bits is BF16's O~ = -4.71875 over the FP32 l = 2.00087:
+  // O = R(-2.35835) = -2.359375, the BF16 accumulator's answer of PaperBitExample.
+  cfg.accum = DType::F32;
+  cfg.o_tilde_bits = 7;
+  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o[2], -2.359375);
+  // Refused: baseline (no O~), O~ outside FP32's exponent range, no narrowing.
+  AttentionConfig b = make_cfg(AttentionKind::Baseline, RoundingRule::Gpu, 0, 0);
+  b.o_tilde_bits = 3;
+  EXPECT_THROW(b.numerics(DType::BF16, 0), Error);
+  cfg.accum = DType::F16;
+  EXPECT_THROW(cfg.numerics(DType::BF16, 0), Error);
+  cfg.accum = DType::BF16;
+  cfg.o_tilde_bits = 7;
+  EXPECT_THROW(cfg.numerics(DType::BF16, 0), Error);
+  cfg.o_tilde_bits = 6;
+  EXPECT_EQ(cfg.numerics(DType::BF16, 0).o_tilde_bits, 6);
+}
+
+TEST(AttentionSpec, NarrowOTildeAmplifiesTheOutputError) {
+  // Random heads (T 64, d 32, BF16 inputs, flash, accum bf16, one key tile per row): the
+  // error of O against the FP64 reference grows as O~ loses fraction bits. Each bit halves
+  // O~'s quantum, so 3 bits against BF16's 7 should give roughly 2^4 times the error; the
+  // final rounding of O to BF16 dilutes it, so the test asks for 4x and 1.5x per step.
+  const int T = 64, d = 32;
+  Rng rng(5);
+  Vec q(T * d), k(T * d), v(T * d);
+  for (Vec* x : {&q, &k, &v})
+    for (double& e : *x) e = round_fmt(2.0 * rng.normal(), DType::BF16);
+  const RefHead ref = reference_head(T, d, true, q, k, v, {});
+  AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
+  cfg.accum = DType::BF16;
+  auto mean_err = [&](int bits) {
+    cfg.o_tilde_bits = bits;
+    const HeadForward fw = forward_head(cfg, DType::BF16, T, d, q, k, v);
+    double s = 0;
+    for (size_t i = 0; i < fw.o.size(); ++i) s += std::fabs(fw.o[i] - ref.o[i]);
+    return s / static_cast<double>(fw.o.size());
+  };
+  const double e7 = mean_err(0), e5 = mean_err(5), e3 = mean_err(3);
+  std::printf("  mean |O - O_fp64|: O~ bf16 %.3g, 5 bits %.3g, 3 bits %.3g\n", e7, e5, e3);
+  EXPECT_GT(e5, 1.5 * e7);
+  EXPECT_GT(e3, 1.5 * e5);
+  EXPECT_GT(e3, 4 * e7);
 }
 
 TEST(AttentionSpec, StabilizedHandWorked) {

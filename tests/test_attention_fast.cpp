@@ -193,6 +193,38 @@ TEST(AttentionFast, DeltaModesAndStabilizedSettings) {
   std::printf("delta modes and stabilized settings: %d heads bit-equal\n", cases);
 }
 
+TEST(AttentionFast, NarrowOTildeBitEqualToTheLab) {
+  // attention.o_tilde_bits (O~ with fewer fraction bits): flash and stabilized flash, O~ in
+  // BF16 (the paper's accum) or FP32, tiles one per row, ragged and the default, with tied
+  // maxima, causal and not.
+  int cases = 0;
+  for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::StabilizedFlash})
+    for (DType f : kFormats)
+      for (bool bf16_accum : {true, false})
+        for (int bits : {1, 3, 6, 12})
+          for (const Tiles& tl : {Tiles{0, 0}, Tiles{5, 7}, Tiles{64, 64}})
+            for (bool causal : {true, false}) {
+              if (bf16_accum && bits > 6) continue;
+              AttentionConfig cfg;
+              cfg.kind = kind;
+              cfg.causal = causal;
+              cfg.block_q = tl.br;
+              cfg.block_k = tl.bc;
+              cfg.accum = bf16_accum ? DType::BF16 : DType::F32;
+              cfg.o_tilde_bits = bits;
+              const AttnNumerics n = cfg.numerics(f, 0);
+              ASSERT_TRUE(head_fast_eligible(cfg, n)) << n.describe();
+              const Inputs in = make_inputs(37, 16, n, 2.0, true, 5000 + cases);
+              std::string first;
+              EXPECT_EQ(compare_head(cfg, n, 37, 16, in, first), 0)
+                  << attention_kind_name(kind) << " " << dtype_name(f) << " " << n.describe()
+                  << " tiles " << tl.br << "x" << tl.bc << ": " << first;
+              ++cases;
+            }
+  std::printf("narrow O~: %d heads bit-equal\n", cases);
+  EXPECT_EQ(cases, 2 * 3 * (3 + 4) * 3 * 2);
+}
+
 TEST(AttentionFast, RefusesWhatItDoesNotReproduce) {
   AttentionConfig cfg;
   cfg.kind = AttentionKind::Flash;

@@ -141,6 +141,7 @@ Config everything_changed() {
   t.sample_tokens = 0;
   c.precision = {"bf16", 16777216.0, 1};
   c.attention.backend = "stabilized_flash";
+  c.attention.o_tilde_bits = 5;
   c.hooks.every = 25;
   return c;
 }
@@ -314,6 +315,23 @@ TEST(Config, CrossFieldChecks) {
   EXPECT_HAS(parse_error("train: {lr: 0.001, min_lr: 0.01}\n"),
              "train.min_lr = 0.01 exceeds train.lr = 0.001");
   EXPECT_HAS(parse_error("data: {tokenizer: gpt2}\n"), "model.vocab_size = 256");
+  // attention.o_tilde_bits narrows flash's O~: not on baseline (the default backend), not
+  // for an O~ outside FP32's exponent range, and only below the format's own bits.
+  EXPECT_HAS(parse_error("attention: {o_tilde_bits: 3}\n"),
+             "layer 0: attention.o_tilde_bits = 3 is set, but the baseline backend has no O~");
+  EXPECT_HAS(parse_error("attention: {backend: flash, o_tilde_bits: 3, "
+                         "layer_backends: '1:baseline'}\n"),
+             "layer 1: attention.o_tilde_bits = 3 is set, but the baseline backend");
+  EXPECT_HAS(parse_error("attention: {backend: flash, accum: fp16, o_tilde_bits: 3}\n"),
+             "O~ is fp16 here (set attention.accum: bf16 or fp32)");
+  EXPECT_HAS(parse_error("precision: {compute: bf16}\n"
+                         "attention: {backend: flash, accum: bf16, o_tilde_bits: 7}\n"),
+             "attention.o_tilde_bits = 7 must be in 1..6");
+  EXPECT_HAS(parse_error("attention: {backend: flash, o_tilde_bits: 22}\n"),
+             "attention.o_tilde_bits = 22 is out of range");
+  EXPECT_EQ(parse_config("precision: {compute: bf16}\n"
+                         "attention: {backend: flash, accum: bf16, o_tilde_bits: 3}\n", kFile)
+                .attention.o_tilde_bits, 3);
   Config c;
   c.source = "built_in_code";
   c.model.n_head = 5;

@@ -143,6 +143,9 @@ const Key kSchema[] = {
     {ST_KEY(attention, grads), any(), "format of dQ, dK, dV, dS, dP", kFormats},
     {ST_KEY(attention, delta), any(), "how the backward forms delta",
      "o|o_split|o_fp32|dp_p|fp32_recompute"},
+    {ST_KEY(attention, o_tilde_bits), closed(0, 21),
+     "flash: fraction bits of O~ (FP32 exponent range; bf16 has 7) to amplify Qiu & Yao's "
+     "cause; 0: O~ in accum's format (CPU only)"},
     {ST_KEY(attention, block_q), closed(0, 65536), "flash query tile Br; 0: one tile"},
     {ST_KEY(attention, block_k), closed(0, 65536), "flash key tile Bc; 0: one tile per row"},
     {ST_KEY(attention, beta), closed(1, 64), "stabilized flash: shift factor beta"},

@@ -60,6 +60,7 @@ std::vector<AttentionConfig> attention_configs(const Config& c, const std::strin
   base.lsum = fmt(a.lsum);
   base.lsum_mac = fmt(a.lsum_mac);
   base.delta = parse_delta_mode(a.delta);
+  base.o_tilde_bits = a.o_tilde_bits;
   base.block_q = a.block_q;
   base.block_k = a.block_k;
   base.beta = a.beta;
@@ -84,6 +85,16 @@ std::vector<AttentionConfig> attention_configs(const Config& c, const std::strin
     if (lh.size() != 2) fail(fh, ": '", item, "' is not LAYER.HEAD (e.g. 2.8)");
     const int l = parse_index(lh[0], c.model.n_layer, fh, "layer");
     layers[l].fp32_out_heads.push_back(parse_index(lh[1], c.model.n_head, fh, "head"));
+  }
+  if (a.o_tilde_bits) {  // needs a flash layer and O~ in an FP32-range format: resolve now
+    const DType compute = parse_dtype(c.precision.compute);
+    for (int l = 0; l < c.model.n_layer; ++l) {
+      try {
+        layers[l].numerics(compute, 0);
+      } catch (const Error& e) {
+        fail(where, "layer ", l, ": ", e.what());
+      }
+    }
   }
   return layers;
 }
