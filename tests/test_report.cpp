@@ -154,11 +154,13 @@ void write_hook_files(const fs::path& dir, bool truncated_tail, const std::strin
       << "\n";
 }
 
-// Run A: a real bf16 run without hooks plus the hook files above. Run B: a real fp32 run
-// without hooks.
+// Run A: a real bf16 run (flash with O~ narrowed to 3 fraction bits, which the table shows)
+// without hooks plus the hook files above. Run B: a real fp32 run without hooks.
 fs::path run_a() {
   static const fs::path d = [] {
-    const fs::path p = train_run("run_a", 1, "bf16", "--set hooks.every=0");
+    const fs::path p = train_run("run_a", 1, "bf16",
+                                 "--set hooks.every=0 --set attention.backend=flash "
+                                 "--set attention.o_tilde_bits=3");
     write_hook_files(p, true);
     return p;
   }();
@@ -387,6 +389,8 @@ TEST(ReportHtml, DataDocumentAgainstTheRunFiles) {
   EXPECT_EQ(b["name"], "run_b");
   EXPECT_EQ(a["config"]["precision.compute"], "bf16");
   EXPECT_EQ(b["config"]["precision.compute"], "fp32");
+  EXPECT_EQ(a["config"]["attention.o_tilde_bits"], "3");
+  EXPECT_EQ(b["config"]["attention.o_tilde_bits"], "0");  // the default: O~ not narrowed
   EXPECT_EQ(a["shape"], "2L · 2H · 32C · T 32 · V 256");
   // Run B has no hook files: the note says why.
   EXPECT_EQ(b["files"]["spectral"]["note"], "no spectral.csv: the run had hooks.every: 0");
@@ -542,6 +546,7 @@ TEST(ReportHtml, RendersInChromium) {
   };
   EXPECT_EQ(r.panels, want) << dump_panels(r.panels);
   EXPECT_NE(r.dom.find("Training stability report"), std::string::npos);
+  EXPECT_NE(r.dom.find("flash · Õ 3 bits"), std::string::npos);  // run A's attention cell
   EXPECT_NE(r.dom.find("run_b: no spectral.csv: the run had hooks.every: 0"), std::string::npos);
   EXPECT_NE(r.dom.find("run_a: spectral.csv: skipped an incomplete last line"), std::string::npos);
   std::printf("  screenshot %s, %zu panels\n", r.png.c_str(), r.panels.size());

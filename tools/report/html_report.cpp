@@ -151,6 +151,7 @@ json run_json(const RunData& r, const RunData& ref, bool is_ref) {
   j["shape"] = model_shape(r);
   json cfg = json::object();
   for (const char* k : {"precision.compute", "attention.backend", "attention.layer_backends", "attention.accum",
+                        "attention.o_tilde_bits",
                         "run.seed", "train.max_steps", "train.batch_size", "train.seq_len", "train.lr",
                         "train.ckpt_every", "hooks.every", "hooks.reference_run", "device"})
     if (!r.cfg(k).empty()) cfg[k] = r.cfg(k);

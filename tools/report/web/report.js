@@ -356,11 +356,17 @@
       const tr = el('tr', {}, el('td', {}, box),
         el('td', {}, el('span', { class: 'swatch', style: 'background:' + color(i) }), r.name,
           i === REF ? el('span', { class: 'badge ref' }, 'reference') : null, el('div', { class: 'path' }, r.dir)));
-      for (const [k] of keys) {
-        let v = r.config[k] || '–';
-        if (k === 'attention.backend' && r.config['attention.layer_backends']) v += ' (' + r.config['attention.layer_backends'] + ')';
-        tr.append(el('td', { class: i !== REF && (r.config[k] || '') !== (ref.config[k] || '') ? 'diff' : '' }, v));
-      }
+      // The attention cell: the backend, per-layer backends, and a narrowed O~ (o_tilde_bits).
+      const shown = (x, k) => {
+        let v = x.config[k] || '–';
+        if (k !== 'attention.backend') return v;
+        if (x.config['attention.layer_backends']) v += ' (' + x.config['attention.layer_backends'] + ')';
+        const bits = x.config['attention.o_tilde_bits'];
+        if (bits && bits !== '0') v += ' · Õ ' + bits + ' bits';
+        return v;
+      };
+      for (const [k] of keys)
+        tr.append(el('td', { class: i !== REF && shown(r, k) !== shown(ref, k) ? 'diff' : '' }, shown(r, k)));
       const st = r.train.step;
       let steps = st.length ? st[0] + '–' + st[st.length - 1] : '–';
       if (st.length && r.config['train.max_steps'] && String(st[st.length - 1]) !== r.config['train.max_steps'])
