@@ -62,7 +62,8 @@ fs::path known_run(const std::string& name, int steps, int jump, const std::stri
   write(d / "config.yaml", "run:\n  name: " + name + "\n  seed: 5   # seed\ntrain:\n  max_steps: 300\n");
   std::ostringstream m;
   for (int s = 1; s <= steps; ++s)
-    m << json{{"kind", "train"}, {"step", s}, {"loss", jump && s >= jump ? 4.5 : 3.0 - 0.001 * s}}.dump() << "\n";
+    m << json{{"kind", "train"}, {"step", s}, {"loss", jump && s >= jump ? 4.5 : 3.0 - 0.001 * s},
+              {"grad_norm", 0.5 + 0.01 * s}}.dump() << "\n";
   m << json{{"kind", "eval"}, {"step", steps}, {"val_loss", 2.25}}.dump() << "\n";
   write(d / "metrics.jsonl", m.str());
   std::ostringstream sp;
@@ -108,6 +109,8 @@ TEST(ReproSummary, FiguresOfRunsWithKnownAnswers) {
   // The last 50 losses: steps 251..300, 3 - 0.001 s: mean 3 - 0.2755.
   EXPECT_NEAR(calm["final_loss"].get<double>(), 3.0 - 0.2755, 1e-12);
   EXPECT_EQ(calm["val_loss"], 2.25);
+  // Gradient norms 0.5 + 0.01 s: the last 50 (steps 251..300) average 0.5 + 2.755.
+  EXPECT_NEAR(calm["final_grad_norm"].get<double>(), 0.5 + 2.755, 1e-12);
   EXPECT_NEAR(calm["sigma_growth"].get<double>(), 3.0, 1e-12);
   EXPECT_EQ(calm["sigma_where"], "wq L0H0");
   EXPECT_NEAR(calm["one_signed"].get<double>(), 1.0, 1e-12);  // head 0: five positive steps
@@ -140,6 +143,8 @@ TEST(ReproSummary, FiguresOfRunsWithKnownAnswers) {
   EXPECT_EQ(nan["explosion"], 121);
   EXPECT_NE(nan["stopped"].get<std::string>().find("the training loss is nan"), std::string::npos);
   EXPECT_NE(table.find("| nan | 5 | 120 of 300 | 121 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| calm | 5 | 300 | none | 2 | 2.724 | 2.250 | 3.25 | 3.00 (wq L0H0) |"),
+            std::string::npos) << table;
 }
 
 TEST(ReproSummary, NoRunsIsAOneLineError) {

@@ -13,6 +13,7 @@ that differ only in run.seed), with these columns (definitions in docs/reproduct
              20-step mean before it, or the step of a non-finite loss; "none" otherwise
   spikes     steps the run's spike detector flagged (hooks.spike_z, events.jsonl)
   final loss mean training loss of the last 50 logged steps; val: the last validation loss
+  grad norm  mean gradient norm (before clipping, train.grad_clip) of the last 50 logged steps
   sigma      spectral-norm growth: sigma_max(W_Q or W_K head slice) at the last hook step over
              its value at step 0, largest over layers and heads (which one in brackets)
   one-signed delta drift: |sum_k d_k| / sum_k |d_k| over the hook steps k of one head's
@@ -113,6 +114,7 @@ def summarise_run(run_dir):
     cfg = read_config(os.path.join(run_dir, "config.yaml"))
     metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     train = [(m["step"], m["loss"]) for m in metrics if m.get("kind") == "train"]
+    grads = [m.get("grad_norm") for m in metrics if m.get("kind") == "train"]
     evals = [m for m in metrics if m.get("kind") == "eval"]
     events = read_jsonl(os.path.join(run_dir, "events.jsonl"))
     r = {"run": os.path.basename(run_dir.rstrip("/")), "dir": run_dir, "config": cfg,
@@ -131,6 +133,8 @@ def summarise_run(run_dir):
     r["spikes"] = len({e.get("step") for e in events if e.get("event") == "spike"})
     tail = [l for _, l in train[-FINAL:] if l is not None and math.isfinite(l)]
     r["final_loss"] = sum(tail) / len(tail) if tail else math.nan
+    gtail = [g for g in grads[-FINAL:] if g is not None and math.isfinite(g)]
+    r["final_grad_norm"] = sum(gtail) / len(gtail) if gtail else math.nan
     r["val_loss"] = evals[-1].get("val_loss", math.nan) if evals else math.nan
     if r["val_loss"] is None:
         r["val_loss"] = math.nan
@@ -238,14 +242,15 @@ def main():
     keys = sorted({k for r in runs for k in r["config"]} - IGNORE)
     varying = [k for k in keys if len({r["config"].get(k) for r in runs}) > 1]
 
-    print("| run | seed | steps | explosion | spikes | final loss | val loss | sigma growth | "
+    print("| run | seed | steps | explosion | spikes | final loss | val loss | grad norm | sigma growth | "
           "one-signed drift: top head, + steps, p (median) | drift > 0 | ties mean / max |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         steps = f"{r['steps']}" + ("" if r["steps"] >= r["max_steps"] else f" of {r['max_steps']}")
         sign = "+" if r["one_signed_sign"] > 0 else "-" if r["one_signed_sign"] < 0 else ""
         print(f"| {r['run']} | {r['seed']} | {steps} | {r['explosion'] or 'none'} | {r['spikes']} | "
-              f"{fmt(r['final_loss'])} | {fmt(r['val_loss'])} | {fmt(r['sigma_growth'], '.2f')} "
+              f"{fmt(r['final_loss'])} | {fmt(r['val_loss'])} | {fmt(r['final_grad_norm'], '.2f')} | "
+              f"{fmt(r['sigma_growth'], '.2f')} "
               f"({r['sigma_where']}) | {fmt(r['one_signed'], '.2f')}{sign} {r['one_signed_where']} "
               f"{r['pos_steps']} p={fmt(r['sign_p'], '.1g')} ({fmt(r['one_signed_median'], '.2f')}) | "
               f"{fmt(r['pos_frac'], '.2f')} | {fmt(r['ties_mean'], '.4f')} / "
@@ -256,15 +261,15 @@ def main():
         groups.setdefault(tuple(r["config"].get(k) for k in varying), []).append(r)
     print()
     label = ", ".join(varying) if varying else "(one configuration)"
-    print(f"| {label} | seeds | exploded | final loss | val loss | sigma growth | one-signed drift | "
-          "drift > 0 | abs err | net | ties mean |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| {label} | seeds | exploded | final loss | val loss | grad norm | sigma growth | "
+          "one-signed drift | drift > 0 | abs err | net | ties mean |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key, rs in groups.items():
         exploded = [r for r in rs if r["explosion"]]
         at = ", ".join(str(r["explosion"]) for r in exploded)
         print(f"| {', '.join(key) if key else '-'} | {len(rs)} | {len(exploded)} of {len(rs)}"
               f"{' (' + at + ')' if at else ''} | {mean_se([r['final_loss'] for r in rs])} | "
-              f"{mean_se([r['val_loss'] for r in rs])} | "
+              f"{mean_se([r['val_loss'] for r in rs])} | {mean_se([r['final_grad_norm'] for r in rs], '.2f')} | "
               f"{mean_se([r['sigma_growth'] for r in rs], '.2f')} | {mean_se([r['one_signed'] for r in rs], '.2f')} | "
               f"{mean_se([r['pos_frac'] for r in rs], '.2f')} | {mean_se([r['abs_err'] for r in rs], '.2e', '.1e')} | "
               f"{mean_se([r['net_drift'] for r in rs], '.4f')} | {mean_se([r['ties_mean'] for r in rs], '.4f')} |")
