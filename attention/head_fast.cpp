@@ -141,6 +141,11 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
   const int T = h.T, d = h.d;
   const bool stab = h.cfg.kind == AttentionKind::StabilizedFlash;
   const double cap = stabilized_max_shift(h.cfg, n.probs);
+  // Rounding into O~'s format: accum, or o_tilde_bits fraction bits (the lab's r_ot).
+  const auto r_ot = [&n](double x) {
+    return n.o_tilde_bits ? static_cast<float>(round_fraction_bits(x, n.o_tilde_bits))
+                          : round_to_float(x, n.accum);
+  };
   float* S = scratch(2, h.bc).data();
   float* P = scratch(3, h.bc).data();
   float* acc = scratch(4, d).data();
@@ -173,18 +178,9 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
       l = round_to_float(alpha * l + rowsum, n.lsum);
       std::fill(pv, pv + d, 0.0f);
       for (int i = 0; i < w; ++i) axpy(pv, P[i], v + static_cast<size_t>(c0 + i) * d, d);
-      if (n.o_tilde_bits) {
-        const int b = n.o_tilde_bits;
-        for (int j = 0; j < d; ++j) {
-          const double scaled = alpha * acc[j];
-          acc[j] = static_cast<float>(
-              round_fraction_bits(scaled + round_fraction_bits(pv[j], b), b));
-        }
-      } else {
-        for (int j = 0; j < d; ++j) {
-          const double scaled = alpha * acc[j];
-          acc[j] = round_to_float(scaled + round_to_float(pv[j], n.accum), n.accum);
-        }
+      for (int j = 0; j < d; ++j) {
+        const double scaled = alpha * acc[j];
+        acc[j] = r_ot(scaled + r_ot(pv[j]));
       }
       m = m_new;
     }

@@ -68,9 +68,23 @@ struct AttnNumerics {
 // formats for S, l and O~ (baseline has no accumulator).
 AttnNumerics numerics_for_rule(RoundingRule rule, DType f, bool flash_like);
 
+// The bits of finite x rounded to odd at FP32: truncated toward zero (one ULP down in
+// magnitude if the conversion rounded away; beyond FLT_MAX this gives FLT_MAX), then the
+// last bit set if inexact. Rounding these bits once more to a format with at least two
+// fewer fraction bits is one correct rounding of x (no double rounding).
+inline uint32_t round_odd_f32_bits(double x) {
+  const float t = static_cast<float>(x);
+  uint32_t u;
+  std::memcpy(&u, &t, 4);
+  if (std::fabs(static_cast<double>(t)) > std::fabs(x)) --u;
+  float tz;
+  std::memcpy(&tz, &u, 4);
+  if (static_cast<double>(tz) != x) u |= 1u;
+  return u;
+}
+
 // x rounded to format f, correctly (one rounding from the exact value): FP32 by the
-// hardware conversion; BF16/FP16 via round-to-odd to FP32 then RNE, which cannot double-round
-// because FP32 keeps at least two more bits than either.
+// hardware conversion; BF16/FP16 via round-to-odd to FP32 then RNE.
 // Inline: the attention kernels call it per element.
 [[noreturn]] void round_fmt_bad_format(DType f);
 inline double round_fmt(double x, DType f) {
@@ -80,15 +94,8 @@ inline double round_fmt(double x, DType f) {
     case DType::BF16:
     case DType::F16: {
       if (!std::isfinite(x)) return static_cast<double>(static_cast<float>(x));
-      // Round to odd at FP32: truncate toward zero (one ULP down in magnitude if the
-      // conversion rounded away; Inf becomes FLT_MAX), then set the last bit if inexact.
-      const float t = static_cast<float>(x);
-      uint32_t u;
-      std::memcpy(&u, &t, 4);
-      if (std::fabs(static_cast<double>(t)) > std::fabs(x)) --u;
       float tz;
-      std::memcpy(&tz, &u, 4);
-      if (static_cast<double>(tz) != x) u |= 1u;
+      const uint32_t u = round_odd_f32_bits(x);
       std::memcpy(&tz, &u, 4);
       return f == DType::BF16 ? round_bf16(tz) : round_fp16(tz);
     }
@@ -99,19 +106,13 @@ inline double round_fmt(double x, DType f) {
 // x rounded to nearest (ties to even) in the binary format with FP32's exponent range
 // (gradual underflow included) and `bits` fraction bits, 1 <= bits <= 21: BF16 is bits = 7.
 // One correct rounding from x: round to odd at FP32 first (23 fraction bits, at least two
-// more than the target, so no double rounding), then to nearest even at bit 23 - bits.
+// more than the target), then to nearest even at bit 23 - bits.
 // Overflow gives Inf; NaN and Inf pass through.
 [[noreturn]] void round_fraction_bits_bad(int bits);
 inline double round_fraction_bits(double x, int bits) {
   if (bits < 1 || bits > 21) round_fraction_bits_bad(bits);
   if (!std::isfinite(x)) return x;
-  const float t = static_cast<float>(x);
-  uint32_t u;
-  std::memcpy(&u, &t, 4);
-  if (std::fabs(static_cast<double>(t)) > std::fabs(x)) --u;  // toward zero (see round_fmt)
-  float tz;
-  std::memcpy(&tz, &u, 4);
-  if (static_cast<double>(tz) != x) u |= 1u;  // sticky: round to odd
+  const uint32_t u = round_odd_f32_bits(x);
   const int drop = 23 - bits;
   const uint32_t mag = u & 0x7fffffffu;
   // Adding half a unit minus one plus the kept LSB carries exactly when the dropped part is
