@@ -246,6 +246,10 @@ class AttentionCpu : public Attention {
 }  // namespace
 
 std::unique_ptr<Attention> make_attention_cpu(const AttentionConfig& cfg, AttentionCpuPath path) {
+  if (cfg.kind == AttentionKind::Cudnn)
+    fail("attention.backend = cudnn runs only on an NVIDIA GPU (device: cuda): there is no CPU "
+         "implementation of cuDNN's fused attention; use flash on the CPU (docs/numerics.md, "
+         "\"cuDNN\", lists the settings nearest to it)");
   ST_CHECK(cfg.kind == AttentionKind::Baseline || (cfg.block_q >= 0 && cfg.block_k >= 0),
            "attention tiles must be >= 0 (0: one tile per row), got Br=", cfg.block_q,
            " Bc=", cfg.block_k);

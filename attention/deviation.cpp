@@ -307,7 +307,12 @@ void set_spec_field(DeviationSpec& s, const std::string& key, const std::string&
     fail(w, "unknown setting '", key, "' (known: ", names, ")");
   }
   try {
-    if (key == "backend") a.kind = parse_attention_kind(v);
+    if (key == "backend") {
+      a.kind = parse_attention_kind(v);
+      if (a.kind == AttentionKind::Cudnn)
+        fail("backend cudnn runs only on a GPU; this tool runs the CPU lab (bench attention's "
+             "deviation table puts cuDNN beside flash and baseline on a GPU)");
+    }
     else if (key == "beta") a.beta = to_double(key, v, w);
     else if (key == "tie_tol") a.tie_tol = to_double(key, v, w);
     else if (key == "max_shift") a.max_shift = to_double(key, v, w);

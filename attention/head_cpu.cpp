@@ -130,6 +130,8 @@ Ctx make_ctx(const AttentionConfig& cfg, const AttnNumerics& n, int T, int d, in
              const double* dots = nullptr) {
   if (Tk < 0) Tk = T;
   ST_CHECK(T > 0 && Tk > 0 && d > 0, "attention head: T = ", T, ", keys = ", Tk, ", d = ", d);
+  ST_CHECK(cfg.kind != AttentionKind::Cudnn, "attention head: the CPU lab cannot run "
+           "attention.backend cudnn (NVIDIA's kernel; docs/numerics.md, \"cuDNN\")");
   ST_CHECK(!cfg.causal || Tk == T, "attention head: causal attention needs as many keys as "
            "query rows (got ", T, " rows, ", Tk, " keys)");
   const bool flash = cfg.kind != AttentionKind::Baseline;

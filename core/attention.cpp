@@ -8,7 +8,9 @@ AttentionKind parse_attention_kind(const std::string& s) {
   if (s == "baseline") return AttentionKind::Baseline;
   if (s == "flash") return AttentionKind::Flash;
   if (s == "stabilized_flash") return AttentionKind::StabilizedFlash;
-  fail("unknown attention backend '", s, "' (expected baseline, flash or stabilized_flash)");
+  if (s == "cudnn") return AttentionKind::Cudnn;
+  fail("unknown attention backend '", s,
+       "' (expected baseline, flash, stabilized_flash or cudnn)");
 }
 
 const char* attention_kind_name(AttentionKind k) {
@@ -16,6 +18,7 @@ const char* attention_kind_name(AttentionKind k) {
     case AttentionKind::Baseline: return "baseline";
     case AttentionKind::Flash: return "flash";
     case AttentionKind::StabilizedFlash: return "stabilized_flash";
+    case AttentionKind::Cudnn: return "cudnn";
   }
   return "?";
 }

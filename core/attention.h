@@ -18,7 +18,10 @@
 
 namespace st {
 
-enum class AttentionKind { Baseline, Flash, StabilizedFlash };
+// Cudnn: NVIDIA's fused flash attention through cuDNN's graph API (cuda/attention_cudnn.cu);
+// GPU only, with cuDNN's own rounding (docs/numerics.md, "cuDNN"): none of the attention.*
+// rounding settings apply to it.
+enum class AttentionKind { Baseline, Flash, StabilizedFlash, Cudnn };
 
 // How stabilized flash picks the shifted maximum of a tile with tied maxima.
 enum class TieShift {
@@ -29,7 +32,7 @@ enum class TieShift {
 };
 TieShift parse_tie_shift(const std::string& s);  // beta | exact_sum
 const char* tie_shift_name(TieShift t);
-AttentionKind parse_attention_kind(const std::string& s);  // baseline | flash | stabilized_flash
+AttentionKind parse_attention_kind(const std::string& s);  // baseline|flash|stabilized_flash|cudnn
 const char* attention_kind_name(AttentionKind k);
 
 struct AttentionConfig {
@@ -70,6 +73,7 @@ struct AttentionHeadStats {
   // unnormalised exponentials r_p(exp(S - m)): flash, P~ per key tile against the running
   // max (>= 1 per tile that raises it); baseline, m the row max (flash with one key tile).
   int64_t p_one = 0;
+  // -1: not measured (cudnn: its P~ stays inside NVIDIA's kernel; hooks write no row).
   int64_t p_tilde_one = 0;
   double entropy_sum = 0;     // sum over rows of the softmax entropy (nats)
   double mean_entropy() const { return rows ? entropy_sum / rows : 0.0; }

@@ -1692,3 +1692,23 @@ TEST(AttentionClass, DeltaModes) {
     EXPECT_LT(e, 1e-12) << delta_mode_name(m);
   }
 }
+
+// cudnn is NVIDIA's kernel: the CPU backend refuses it with one line naming the key and
+// the way out, and a backend name round-trips.
+TEST(AttentionKinds, CudnnIsRefusedOnTheCpu) {
+  EXPECT_EQ(parse_attention_kind("cudnn"), AttentionKind::Cudnn);
+  EXPECT_STREQ(attention_kind_name(AttentionKind::Cudnn), "cudnn");
+  AttentionConfig cfg;
+  cfg.kind = AttentionKind::Cudnn;
+  auto be = make_cpu_backend();
+  std::string msg;
+  try {
+    be->make_attention(cfg);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("attention.backend = cudnn runs only on an NVIDIA GPU (device: cuda)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+}

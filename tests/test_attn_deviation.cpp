@@ -335,6 +335,12 @@ TEST(AttnDeviationTool, BadInputIsOneLineNamingTheSetting) {
   EXPECT_NE(text.find("v: distribution: 'normal:x' has 'x' where a number belongs"), std::string::npos)
       << text;
   EXPECT_EQ(lines(text), 1) << text;
+  // cudnn is a GPU backend: the CPU lab refuses it, by name.
+  const std::string cmd2 = std::string(ST_ATTN_DEVIATION_BIN) + " run --backend cudnn > " + out + " 2>&1";
+  EXPECT_NE(std::system(cmd2.c_str()), 0);
+  const std::string text2 = slurp(out);
+  EXPECT_NE(text2.find("backend cudnn runs only on a GPU"), std::string::npos) << text2;
+  EXPECT_EQ(lines(text2), 1) << text2;
 }
 
 TEST(AttnDeviationTool, SweepPlanGivesPairedRatios) {

@@ -342,6 +342,33 @@ TEST(Config, CrossFieldChecks) {
   EXPECT_HAS(error_of([&] { validate_config(c); }), "train.lr = -1 is out of range");
 }
 
+// attention.backend cudnn is NVIDIA's GPU kernel: a config that can never put it on a GPU,
+// or gives it a format cuDNN's fused attention does not take, is refused at load time, by
+// key; device auto is accepted here (the CPU backend refuses it at run time, tested in
+// test_attention.cpp).
+TEST(Config, CudnnBackendIsGpuOnly) {
+  EXPECT_HAS(parse_error("device: cpu\nprecision: {compute: bf16}\nattention: {backend: cudnn}\n"),
+             "attention.backend = cudnn but device is cpu: cuDNN's fused attention runs only on "
+             "an NVIDIA GPU");
+  EXPECT_HAS(parse_error("device: cpu\nprecision: {compute: bf16}\n"
+                         "attention: {backend: flash, layer_backends: '1:cudnn'}\n"),
+             "attention.layer_backends puts cudnn on layer 1, but device is cpu");
+  EXPECT_HAS(parse_error("device: cuda\nattention: {backend: cudnn}\n"),
+             "attention.backend = cudnn but precision.compute is fp32: cuDNN's fused attention "
+             "takes bf16 or fp16 (set precision.compute: bf16)");
+  EXPECT_HAS(parse_error("device: cuda\nprecision: {compute: fp64}\nattention: {backend: cudnn}\n"),
+             "precision.compute is fp64");
+  EXPECT_HAS(parse_error("attention: {backend: cudnnn}\n"),
+             "expected one of baseline|flash|stabilized_flash|cudnn, got 'cudnnn'");
+  const Config c = parse_config(
+      "device: cuda\nprecision: {compute: bf16}\nattention: {layer_backends: '0:cudnn'}\n", kFile);
+  const std::vector<AttentionConfig> layers = attention_configs(c);
+  EXPECT_EQ(layers[0].kind, AttentionKind::Cudnn);
+  EXPECT_EQ(layers[1].kind, AttentionKind::Baseline);
+  EXPECT_EQ(parse_config("device: auto\nprecision: {compute: fp16}\nattention: {backend: cudnn}\n",
+                         kFile).attention.backend, "cudnn");
+}
+
 TEST(Config, Overrides) {
   const Config c = parse_config(
       "train:\n  lr: 0.01\n", kFile,
@@ -365,7 +392,7 @@ TEST(Config, Overrides) {
   m = parse_error("", {"train.lr=-1"});
   EXPECT_HAS(m, "--set train.lr=-1: train.lr = -1 is out of range");
   m = parse_error("", {"attention.backend=flsh"});
-  EXPECT_HAS(m, "expected one of baseline|flash|stabilized_flash, got 'flsh'");
+  EXPECT_HAS(m, "expected one of baseline|flash|stabilized_flash|cudnn, got 'flsh'");
   EXPECT_HAS(parse_error("", {"trainlr"}), "--set trainlr: expected section.key=value");
   EXPECT_HAS(parse_error("", {"train.seq_len=512"}), "(with --set overrides): train.seq_len");
 }

@@ -129,7 +129,8 @@ const Key kSchema[] = {
     {ST_KEY(precision, loss_scale_growth_interval), at_least(1),
      "clean steps before the loss scale doubles (fp16 only)"},
 
-    {ST_KEY(attention, backend), any(), "implementation", "baseline|flash|stabilized_flash"},
+    {ST_KEY(attention, backend), any(), "implementation (cudnn: GPU only, NVIDIA's kernel)",
+     "baseline|flash|stabilized_flash|cudnn"},
     {ST_KEY(attention, rule), any(), "rounding rule for the formats below",
      "gpu|every_op|every_mac"},
     {ST_KEY(attention, qkv), any(), "format of Q, K, V; auto: from rule", kFormats},
@@ -155,7 +156,7 @@ const Key kSchema[] = {
     {ST_KEY(attention, max_shift), at_least(0),
      "stabilized flash: cap on the max shift; 0: ln(1/min_normal(probs))/2"},
     {ST_KEY(attention, layer_backends), any(),
-     "per-layer backend, e.g. '2:flash,5:stabilized_flash' (layers from 0)"},
+     "per-layer backend, e.g. '2:flash,5:cudnn' (layers from 0)"},
     {ST_KEY(attention, fp32_out_heads), any(),
      "layer.head pairs with FP32 stored O, e.g. '2.8,2.3'"},
 

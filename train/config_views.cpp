@@ -86,6 +86,22 @@ std::vector<AttentionConfig> attention_configs(const Config& c, const std::strin
     const int l = parse_index(lh[0], c.model.n_layer, fh, "layer");
     layers[l].fp32_out_heads.push_back(parse_index(lh[1], c.model.n_head, fh, "head"));
   }
+  // cudnn is NVIDIA's GPU kernel: refused here when the config can never put it on a GPU.
+  for (int l = 0; l < c.model.n_layer; ++l) {
+    if (layers[l].kind != AttentionKind::Cudnn) continue;
+    const std::string key = base.kind == AttentionKind::Cudnn
+                                ? "attention.backend = cudnn"
+                                : "attention.layer_backends puts cudnn on layer " + std::to_string(l) + ",";
+    if (c.device == "cpu")
+      fail(where, key, " but device is cpu: cuDNN's fused attention runs only on an NVIDIA GPU "
+           "(set device: cuda, or use flash on the CPU; docs/numerics.md, \"cuDNN\", lists the "
+           "settings nearest to it)");
+    const DType compute = parse_dtype(c.precision.compute);
+    if (compute != DType::BF16 && compute != DType::F16)
+      fail(where, key, " but precision.compute is ", c.precision.compute,
+           ": cuDNN's fused attention takes bf16 or fp16 (set precision.compute: bf16)");
+    break;
+  }
   if (a.o_tilde_bits) {  // needs a flash layer and O~ in an FP32-range format: resolve now
     const DType compute = parse_dtype(c.precision.compute);
     for (int l = 0; l < c.model.n_layer; ++l) {

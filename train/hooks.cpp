@@ -113,6 +113,7 @@ struct StabilityHooks::Impl {
   std::vector<std::string> pending_drift;     // lines of the step being made
   int64_t drift_step = -1;
   bool stats_missing_logged = false;
+  bool drift_cudnn_logged = false;
 
   Impl(const Config& c, GPT2& m, const std::string& d, std::shared_ptr<spdlog::logger> lg)
       : cfg(c), model(m), dir(d), log(std::move(lg)),
@@ -224,8 +225,10 @@ struct StabilityHooks::Impl {
             {"p_one", static_cast<double>(s.p_one)},
             {"p_tilde_one", static_cast<double>(s.p_tilde_one)},
             {"entropy", s.mean_entropy()}};
-        for (const auto& [name, v] : vals)
+        for (const auto& [name, v] : vals) {
+          if (v < 0 && std::string(name) == "p_tilde_one") continue;  // not measured (cudnn)
           f << step << ',' << l << ',' << h << ',' << name << ',' << num(v) << "\n";
+        }
       }
     }
     f.flush();
@@ -233,6 +236,14 @@ struct StabilityHooks::Impl {
 
   // One layer's delta drift (GPT2 attention observer).
   void drift_layer(const AttentionTaps& t) {
+    if (model.attention_configs().at(t.layer).kind == AttentionKind::Cudnn) {
+      if (!drift_cudnn_logged)
+        log->warn("hooks: the delta drift recomputes a layer's attention in the CPU lab, which "
+                  "cannot run cudnn (NVIDIA's kernel): delta_drift.csv has no rows for cudnn "
+                  "layers (first: layer {})", t.layer);
+      drift_cudnn_logged = true;
+      return;
+    }
     Backend& be = model.backend();
     auto host = [&](const Tensor& x) {
       Tensor h = Tensor::empty(x.shape(), DType::F64);
