@@ -4,6 +4,8 @@
 //                            softmax kernels, S and P materialised in the compute format
 //   flash, stabilized_flash  cuda/flash_attention*.cu: our FlashAttention-2-class kernels
 //                            (mma.sync), the stabilized variant a template parameter
+//   cudnn                    cuda/attention_cudnn.cu: NVIDIA's fused flash attention through
+//                            cuDNN 9's graph API (a build without cuDNN refuses it)
 // Each factory checks the configuration against what its kernels implement and throws a
 // one-line error naming the attention.* setting otherwise: a GPU run never silently does
 // something other than what its config says.
@@ -11,6 +13,7 @@
 // kernels read and write the packed layout (or permute through arena scratch).
 #pragma once
 #include <memory>
+#include <string>
 
 #include "core/attention.h"
 
@@ -21,5 +24,16 @@ class CudaBackend;
 std::unique_ptr<Attention> make_attention_cuda_baseline(CudaBackend& be,
                                                         const AttentionConfig& cfg);
 std::unique_ptr<Attention> make_attention_cuda_flash(CudaBackend& be, const AttentionConfig& cfg);
+std::unique_ptr<Attention> make_attention_cuda_cudnn(CudaBackend& be, const AttentionConfig& cfg);
+
+// "cuDNN 9.19.0 (built with 9.19.0)" when this build has the cudnn backend, else a sentence
+// saying it has none (for probes, benchmarks and test output).
+std::string cudnn_version_text();
+bool cudnn_in_build();
+// For tests and benchmarks, on an Attention made with backend cudnn (throws otherwise): the
+// cuDNN version and, for the last forward and backward, the engine, its workspace and
+// whether cuDNN's numerical notes call it deterministic.
+std::string cudnn_attention_describe(const Attention& attn);
+bool cudnn_attention_nondeterministic(const Attention& attn);  // of the last backward
 
 }  // namespace st

@@ -120,6 +120,7 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
 
 CudaBackend::~CudaBackend() {
   ST_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
+  cudnn_state_.reset();  // its plans and workspace hold arena memory and the stream
   gemm_.reset();
   if (staging_) ST_CUDA_CHECK_NOTHROW(cudaFreeHost(staging_));
   if (pinned_result_) ST_CUDA_CHECK_NOTHROW(cudaFreeHost(pinned_result_));
@@ -635,6 +636,7 @@ void CudaBackend::adamw_update(const Tensor& master, const Tensor& param, const 
 
 std::unique_ptr<Attention> CudaBackend::make_attention(const AttentionConfig& cfg) {
   if (cfg.kind == AttentionKind::Baseline) return make_attention_cuda_baseline(*this, cfg);
+  if (cfg.kind == AttentionKind::Cudnn) return make_attention_cuda_cudnn(*this, cfg);
   return make_attention_cuda_flash(*this, cfg);
 }
 

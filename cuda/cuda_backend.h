@@ -157,6 +157,10 @@ class CudaBackend : public Backend {
   void reset_peak_memory() override;
   // The backend's cuBLASLt GEMMs (attention's batched products use them too).
   LtGemm& gemm() { return *gemm_; }
+  // cuDNN's handle and plan cache (cuda/attention_cudnn.cu), shared by every cudnn attention
+  // layer of this backend; made on first use.
+  struct CudnnState;
+  std::shared_ptr<CudnnState>& cudnn_state() { return cudnn_state_; }
 
  private:
   void copy_convert(const Tensor& dst, const Tensor& src);
@@ -181,6 +185,7 @@ class CudaBackend : public Backend {
   void* pinned_result_ = nullptr;
   bool stochastic_rounding_ = false;
   uint64_t sr_seed_ = 0;
+  std::shared_ptr<CudnnState> cudnn_state_;
 };
 
 }  // namespace st
