@@ -15,7 +15,10 @@
 //   4. delta modes: backward time per mode, and the mean signed error of the backward's delta
 //      against FP64 on tied-maximum inputs (Qiu & Yao rows, the construction of
 //      attention/experiments.cpp), with the accumulator in FP32 (the GPU default) and in the
-//      compute format (the paper's).
+//      compute format (the paper's);
+//   5. deviation from FP64: max and mean |error| of O, dQ, dK, dV of every GPU method
+//      (cudnn included) and of the CPU's straightforward attention in the same format, against
+//      the CPU's FP64 attention on the same format-exact inputs (N(0,1) q, k, v, dO; causal).
 // tools/bench_torch_attention.py --ours FILE reads table 1 and compares with PyTorch's
 // FlashAttention-2 (scaled_dot_product_attention with the FLASH_ATTENTION backend).
 // Only the Backend / Attention interfaces are used, plus flash_cuda_last_delta
@@ -36,6 +39,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #if defined(ST_WITH_CUDA)
+#include "cuda/attention_cuda.h"
 #include "cuda/flash_attention.h"
 #endif
 
@@ -45,12 +49,12 @@ namespace {
 struct AttnBenchArgs {
   std::string ds = "64,128";
   std::string Ts = "1024,2048,4096,8192,16384";
-  std::string methods = "flash,stabilized_flash,baseline";
+  std::string methods = "flash,stabilized_flash,cudnn,baseline";
   std::string tiles = "auto";  // auto: d 64 -> 128x128, d 128 -> 128x64; or e.g. 64x64
   std::string dtype = "bf16";
   int tokens = 16384, width = 2048;
   int reps = 10, warmup = 2;
-  bool memory = true, deltas = true;
+  bool memory = true, deltas = true, deviation = true;
   int delta_T = 4096;
 };
 
@@ -249,12 +253,119 @@ std::vector<double> tied_reference_delta(const TiedInputs& in, const Tensor& dou
   return out;
 }
 
+// Table 5: every method's deviation from FP64 on the same inputs (see the header).
+void deviation_table(Backend& be, const AttnBenchArgs& a, DType fmt,
+                     const std::vector<std::string>& methods) {
+  struct Shape {
+    int B, T, H, d;
+  };
+  const Shape shapes[] = {{2, 1000, 4, 64}, {1, 1000, 2, 128}};
+  auto cpu = make_cpu_backend();
+  std::printf("\n## Deviation from FP64 (max |err| / mean |err|; N(0,1) inputs rounded to %s, "
+              "causal; reference: the CPU's attention in FP64 on the same inputs)\n\n",
+              dtype_name(fmt));
+  std::printf("| d | T | B | H | method | O max | O mean | dQ max | dQ mean | dK max | dK mean | "
+              "dV max | dV mean |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const std::vector<int> ds = parse_ints(a.ds);
+  for (const Shape& sh : shapes) {
+    if (std::find(ds.begin(), ds.end(), sh.d) == ds.end()) continue;
+    const int C = sh.H * sh.d;
+    Tensor qkv = Tensor::empty({sh.B, sh.T, 3 * C}, DType::F32),
+           dout = Tensor::empty({sh.B, sh.T, C}, DType::F32);
+    Rng rng(4242 + sh.d);
+    for (int64_t i = 0; i < qkv.numel(); ++i)
+      qkv.data<float>()[i] = round_to(fmt, static_cast<float>(rng.normal()));
+    for (int64_t i = 0; i < dout.numel(); ++i)
+      dout.data<float>()[i] = round_to(fmt, static_cast<float>(rng.normal()));
+    // The FP64 reference and the CPU's straightforward attention in fmt.
+    auto widen = [](const Tensor& t) {
+      Tensor w = Tensor::empty(t.shape(), DType::F64);
+      for (int64_t i = 0; i < t.numel(); ++i) w.data<double>()[i] = t.data<float>()[i];
+      return w;
+    };
+    AttentionConfig base;
+    base.causal = true;
+    struct Result {
+      std::vector<double> o, dqkv;
+    };
+    auto run_cpu = [&](DType f) {
+      auto attn = cpu->make_attention(base);
+      const DType st = f == DType::F64 ? DType::F64 : DType::F32;
+      Tensor q = f == DType::F64 ? widen(qkv) : qkv, g = f == DType::F64 ? widen(dout) : dout;
+      Tensor o = Tensor::empty({sh.B, sh.T, C}, st), l = Tensor::empty({sh.B, sh.H, sh.T}, st),
+             dq = Tensor::empty({sh.B, sh.T, 3 * C}, st);
+      attn->forward(o, l, q, sh.H, f);
+      attn->backward(dq, g, q, o, l, sh.H, f);
+      Result r;
+      for (const Tensor* t : {&o, &dq}) {
+        std::vector<double>& v = t == &o ? r.o : r.dqkv;
+        for (int64_t i = 0; i < t->numel(); ++i)
+          v.push_back(st == DType::F64 ? t->data<double>()[i] : t->data<float>()[i]);
+      }
+      return r;
+    };
+    const Result ref = run_cpu(DType::F64);
+    auto row = [&](const std::string& name, const Result& r) {
+      std::printf("| %d | %d | %d | %d | %s |", sh.d, sh.T, sh.B, sh.H, name.c_str());
+      for (int part = -1; part < 3; ++part) {
+        double mx = 0, sum = 0;
+        size_t n = 0;
+        const std::vector<double>& x = part < 0 ? r.o : r.dqkv;
+        const std::vector<double>& y = part < 0 ? ref.o : ref.dqkv;
+        for (size_t i = 0; i < x.size(); ++i) {
+          if (part >= 0 && static_cast<int>((i % (3 * C)) / C) != part) continue;
+          const double e = std::fabs(x[i] - y[i]);
+          mx = std::isfinite(e) ? std::max(mx, e) : INFINITY;
+          sum += e;
+          ++n;
+        }
+        std::printf(" %.3e | %.3e |", mx, sum / n);
+      }
+      std::printf("\n");
+    };
+    row(std::string("cpu baseline ") + dtype_name(fmt), run_cpu(fmt));
+    for (const std::string& m : methods) {
+      try {
+        AttentionConfig cfg;
+        cfg.kind = parse_attention_kind(m);
+        cfg.causal = true;
+        auto attn = be.make_attention(cfg);
+        Tensor dq = be.alloc(qkv.shape(), fmt), dg = be.alloc(dout.shape(), fmt);
+        be.copy(dq, qkv);
+        be.copy(dg, dout);
+        Tensor o = be.alloc({sh.B, sh.T, C}, fmt), l = be.alloc({sh.B, sh.H, sh.T}, DType::F32),
+               dqkv = be.alloc(qkv.shape(), fmt);
+        attn->forward(o, l, dq, sh.H, fmt);
+        attn->backward(dqkv, dg, dq, o, l, sh.H, fmt);
+        Result r;
+        Tensor ho = Tensor::empty(o.shape(), DType::F64), hd = Tensor::empty(dqkv.shape(), DType::F64);
+        be.copy(ho, o);
+        be.copy(hd, dqkv);
+        r.o.assign(ho.data<double>(), ho.data<double>() + ho.numel());
+        r.dqkv.assign(hd.data<double>(), hd.data<double>() + hd.numel());
+        row(m, r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench attention: deviation %s d=%d: %s\n", m.c_str(), sh.d, e.what());
+        std::printf("| %d | %d | %d | %d | %s | - | - | - | - | - | - | - | - |\n", sh.d, sh.T,
+                    sh.B, sh.H, m.c_str());
+        try {
+          be.synchronize();
+        } catch (...) {
+        }
+      }
+    }
+  }
+}
+
 int run_attention_bench(const AttnBenchArgs& a) {
   const DType fmt = parse_dtype(a.dtype);
   auto be = make_cuda_backend(0);
   std::string dev = be->name();
   if (dev.rfind("cuda:", 0) == 0) dev = dev.substr(5);
   std::printf("device: %s\n", dev.c_str());
+#if defined(ST_WITH_CUDA)
+  std::printf("cudnn: %s\n", cudnn_version_text().c_str());
+#endif
   std::printf("dtype: %s, causal, B*T = %d tokens, H*d = %d, reps %d (median)\n", dtype_name(fmt),
               a.tokens, a.width, a.reps);
   const std::vector<int> ds = parse_ints(a.ds), Ts = parse_ints(a.Ts);
@@ -292,7 +403,9 @@ int run_attention_bench(const AttnBenchArgs& a) {
         cfg.kind = parse_attention_kind(m);
         cfg.causal = true;
         std::string tiles = "-";
-        if (cfg.kind != AttentionKind::Baseline) {
+        if (cfg.kind == AttentionKind::Cudnn) {
+          tiles = "cuDNN's";
+        } else if (cfg.kind != AttentionKind::Baseline) {
           tiles_for(a, d, cfg.block_q, cfg.block_k);
           tiles = std::to_string(cfg.block_q) + "x" + std::to_string(cfg.block_k);
         } else if (baseline_missing) {
@@ -433,6 +546,7 @@ int run_attention_bench(const AttnBenchArgs& a) {
     std::printf("\n(delta modes: needs a CUDA build)\n");
 #endif
   }
+  if (a.deviation) deviation_table(*be, a, fmt, methods);
   std::printf("\nnote: our backward is deterministic (no atomics; dQ in its own kernel); "
               "FlashAttention-2's backward adds dQ with atomics (non-deterministic).\n");
   return 0;
@@ -443,10 +557,10 @@ int run_attention_bench(const AttnBenchArgs& a) {
 CLI::App* add_attention_bench(CLI::App& app, int& rc) {
   auto args = std::make_shared<AttnBenchArgs>();
   auto* sub = app.add_subcommand(
-      "attention", "CUDA attention TFLOP/s, memory and delta-mode accuracy (FlashAttention's shapes)");
+      "attention", "CUDA attention TFLOP/s, memory, delta-mode accuracy and deviation from FP64");
   sub->add_option("--d", args->ds, "head dims, comma-separated")->capture_default_str();
   sub->add_option("--T", args->Ts, "sequence lengths, comma-separated")->capture_default_str();
-  sub->add_option("--methods", args->methods, "flash,stabilized_flash,baseline")->capture_default_str();
+  sub->add_option("--methods", args->methods, "flash,stabilized_flash,cudnn,baseline")->capture_default_str();
   sub->add_option("--tiles", args->tiles, "flash tiles: auto (d 64: 128x128, d 128: 128x64) or QxK")
       ->capture_default_str();
   sub->add_option("--dtype", args->dtype, "bf16 | fp16")->capture_default_str();
@@ -458,6 +572,7 @@ CLI::App* add_attention_bench(CLI::App& app, int& rc) {
   sub->add_option("--delta-T", args->delta_T, "T of the delta-mode speed table")->capture_default_str();
   sub->add_flag("!--no-memory", args->memory, "skip the memory table");
   sub->add_flag("!--no-deltas", args->deltas, "skip the delta-mode table");
+  sub->add_flag("!--no-deviation", args->deviation, "skip the deviation-from-FP64 table");
   sub->callback([args, &rc] {
     try {
       rc = run_attention_bench(*args);

@@ -11,7 +11,8 @@ H*d = 2048, and times forward, backward and forward+backward with CUDA events (m
 (causal), backward 2.5x forward.
 
 With --ours FILE (the output of `bench attention`), also prints ours vs torch and the ratio,
-for our flash and stabilized_flash rows. Note: FlashAttention-2's backward accumulates dQ with
+for our flash and stabilized_flash rows and the cudnn rows (cuDNN's fused attention called
+through our graph-API wrapper, attention.backend cudnn). Note: FlashAttention-2's backward accumulates dQ with
 atomicAdd (non-deterministic from run to run); ours is deterministic (dQ in its own kernel,
 more FLOPs than the count above).
 
@@ -148,7 +149,7 @@ def main():
               "fwd+bwd ours | fwd+bwd torch | ratio |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for (d, T), tt in sorted(results.items()):
-            for method in ("flash", "stabilized_flash"):
+            for method in ("flash", "stabilized_flash", "cudnn"):
                 o = ours.get((d, T, method))
                 if o is None:
                     continue

@@ -219,7 +219,7 @@ CLI::App* add_train_bench(CLI::App& app, int& rc) {
   sub->add_option("--warmup", args->warmup, "warm-up steps (>= 1)")->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--breakdown-steps", args->breakdown_steps, "steps of the timed-per-call pass; 0: none")
       ->capture_default_str();
-  sub->add_option("--attention", args->attention, "baseline | flash | stabilized_flash")->capture_default_str();
+  sub->add_option("--attention", args->attention, "baseline | flash | stabilized_flash | cudnn")->capture_default_str();
   sub->add_option("--precision", args->precision, "fp32 | bf16 | fp16")->capture_default_str();
   sub->add_option("--recompute", args->recompute, "none | gelu | gelu_layernorm")->capture_default_str();
   sub->add_option("--peak-tflops", args->peak_tflops, "peak for MFU; 0: 989 on H100/H200")

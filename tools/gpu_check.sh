@@ -144,6 +144,9 @@ ver() { command -v "$1" >/dev/null 2>&1 && { timeout 20 "$@" 2>&1 | grep -m1 -E 
   for lib in libcublasLt.so.13 libcublas.so.13 libnccl.so.2 libcudnn.so.9 libcuda.so.1; do
     printf '%-19s %s\n' "$lib:" "$(d="$(find_lib "$lib")"; echo "${d:-not found}")"
   done
+  # cuDNN's runtime version (attention.backend cudnn calls it; the bundle was built against
+  # the headers of tools/gpu_bundle.sh's machine).
+  echo "cudnn:      $(timeout 30 python3 -c 'import ctypes; v = ctypes.CDLL("libcudnn.so.9").cudnnGetVersion(); print(f"{v // 10000}.{v // 100 % 100}.{v % 100}")' 2>/dev/null || echo 'libcudnn.so.9 not loadable')"
   echo "carried:    .gpu_bundle: $(ls .gpu_bundle 2>/dev/null | tr '\n' ' ' || true)| .gpu_deps: $(ls .gpu_deps/*.deb 2>/dev/null | wc -l) .debs | data_cache/tiny_shakespeare: $(ls data_cache/tiny_shakespeare 2>/dev/null | wc -l) files"
 } >"$OUT/probe.txt" 2>&1
 cat "$OUT/probe.txt" >>"$LOG"
@@ -373,7 +376,7 @@ if has_stage bench && ((PROGRAMS_OK)); then
   if ((HAVE_TORCH)); then
     bench_step "$B/torch.txt" 120 "torch attention" python3 tools/bench_torch_attention.py --ours "$B/bench_attention.txt"
   fi
-  for attn in baseline flash stabilized_flash; do
+  for attn in baseline flash stabilized_flash cudnn; do
     bench_step "$B/bench_train.txt" 120 "bench train --attention $attn" \
       "$BIN/bench" train --device cuda --attention "$attn"
   done
@@ -423,14 +426,14 @@ if has_stage train && ((PROGRAMS_OK)); then
   fi
   if compgen -G "$DATA/gpt2_train_*.bin" >/dev/null; then
     tfailed=()
-    # Three attention backends, then data parallelism at world size 1 through the path a
+    # Four attention backends (cudnn: cuDNN's fused attention), then data parallelism at world size 1 through the path a
     # multi-node job without MPI takes (RANK / WORLD_SIZE / LOCAL_RANK from the launcher,
     # NCCL's id through a file): NCCL all-reduce, and the ZeRO-1 reduce-scatter / all-gather.
     # At world size 1 both must give the single-process flash run's bits.
     # Last, cpu_side_b1: baseline attention, micro-batch 1, 10 steps, the run whose CPU twin
     # fits a small machine (B=16 needs about 55 GB there): the CPU command and the two loss
     # columns side by side are in bench/results/2026-11-27_gpu_tiny_shakespeare_h200.md.
-    runs_=(baseline flash stabilized_flash nccl_w1 nccl_w1_zero1 cpu_side_b1)
+    runs_=(baseline flash stabilized_flash cudnn nccl_w1 nccl_w1_zero1 cpu_side_b1)
     for i in "${!runs_[@]}"; do
       name="${runs_[$i]}"
       attn="$name"
@@ -488,16 +491,19 @@ def train_rows(name):
     return rows
 
 
-runs = {attn: train_rows(attn) for attn in ("baseline", "flash", "stabilized_flash")}
+kinds = ("baseline", "flash", "stabilized_flash", "cudnn")
+runs = {attn: train_rows(attn) for attn in kinds}
 print(f"gpt2_small (124M) on Tiny Shakespeare, B=16 T=1024, {steps} steps planned, bf16; train loss by step")
-print("| step | baseline | flash | stabilized_flash | flash - baseline | stabilized - baseline |")
-print("|---|---|---|---|---|---|")
+print("| step | baseline | flash | stabilized_flash | cudnn | flash - baseline | stabilized - baseline "
+      "| cudnn - baseline |")
+print("|---|---|---|---|---|---|---|---|")
 marks = sorted(set(s for r in runs.values() for s in r))
 for s in marks:
-    v = [runs[a].get(s, {}).get("loss") for a in ("baseline", "flash", "stabilized_flash")]
+    v = [runs[a].get(s, {}).get("loss") for a in kinds]
     f = lambda x: "-" if x is None else f"{x:.4f}"
     d = lambda x, y: "-" if x is None or y is None else f"{x - y:+.4f}"
-    print(f"| {s} | {f(v[0])} | {f(v[1])} | {f(v[2])} | {d(v[1], v[0])} | {d(v[2], v[0])} |")
+    print(f"| {s} | {f(v[0])} | {f(v[1])} | {f(v[2])} | {f(v[3])} | {d(v[1], v[0])} | "
+          f"{d(v[2], v[0])} | {d(v[3], v[0])} |")
 # World size 1 through NCCL (all-reduce; ZeRO-1): the flash run's bits, step for step.
 status = 0
 for name in ("nccl_w1", "nccl_w1_zero1"):
@@ -523,7 +529,7 @@ for a, rows in runs.items():
     print(f"{a}: reached step {last} of {steps}{med}")
 sys.exit(status)
 PY
-    if ((${#tfailed[@]})); then TRAIN="FAILED: ${tfailed[*]}"; else TRAIN_OK=1; TRAIN="ok ($STEPS steps x 3 backends, 2 NCCL world-size-1 runs)"; fi
+    if ((${#tfailed[@]})); then TRAIN="FAILED: ${tfailed[*]}"; else TRAIN_OK=1; TRAIN="ok ($STEPS steps x 4 backends, 2 NCCL world-size-1 runs)"; fi
   else
     TRAIN="no data: carry data_cache/tiny_shakespeare (README, Training on a GPU)"
   fi
