@@ -14,6 +14,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/attention.h"
 
@@ -35,5 +36,24 @@ bool cudnn_in_build();
 // whether cuDNN's numerical notes call it deterministic.
 std::string cudnn_attention_describe(const Attention& attn);
 bool cudnn_attention_nondeterministic(const Attention& attn);  // of the last backward
+// The forward and backward graphs planned without a GPU, for the device a cuDNN
+// device-properties JSON describes (cuDNN >= 9.8, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR): the
+// same graphs and heuristics a GPU run uses, then an attempt to finalize a plan of every
+// engine configuration the heuristics propose (after cuDNN's own support checks). Without a
+// driver, finalizing compiles the runtime-compiled kernels and stops where they would be
+// loaded into the GPU (status names cuLibraryLoadData).
+struct CudnnDevicelessConfig {
+  int64_t engine = -1;
+  bool nondeterministic = false;  // cuDNN's numerical notes
+  bool finalized = false;
+  std::string status;  // "finalized", or cuDNN's error
+  int64_t workspace = 0;
+};
+struct CudnnDevicelessReport {
+  std::string version;  // the cuDNN library's
+  std::vector<CudnnDevicelessConfig> forward, backward;
+};
+CudnnDevicelessReport cudnn_plan_deviceless(const std::string& device_json, int B, int T,
+                                            int NH, int HS, DType fmt, bool causal);
 
 }  // namespace st

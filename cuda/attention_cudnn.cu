@@ -36,6 +36,7 @@
 // Plans (descriptors, engine choice, workspace size) are built once per (B, T, NH, HS,
 // format) and cached in the backend's cuDNN state, shared by every cudnn layer; the first
 // build of a shape compiles cuDNN's kernels (runtime-compiled engines) and can take seconds.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -77,6 +78,10 @@ std::string cudnn_attention_describe(const Attention& attn) {
 bool cudnn_attention_nondeterministic(const Attention& attn) {
   fail("cudnn_attention_nondeterministic: this build has no cuDNN (attention '", attn.name(),
        "')");
+}
+CudnnDevicelessReport cudnn_plan_deviceless(const std::string&, int, int, int, int, DType,
+                                            bool) {
+  fail("cudnn_plan_deviceless: this build has no cuDNN");
 }
 
 #else  // ST_WITH_CUDNN
@@ -265,9 +270,9 @@ class GraphBuilder {
     std::vector<cudnnBackendDescriptor_t> ops;
     for (const Desc& d : ops_) ops.push_back(d.get());
     Desc g(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what_ + " operation graph");
-    g.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
-        .set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-             static_cast<int64_t>(ops.size()), ops.data())
+    if (handle_) g.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+    g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+          static_cast<int64_t>(ops.size()), ops.data())
         .finalize();
     return g;
   }
@@ -311,23 +316,49 @@ struct Plan {
   int configs_tried = 0;
 };
 
-// Heuristics (mode A), then the first engine configuration whose plan finalizes.
-Plan make_plan(cudnnHandle_t handle, std::unique_ptr<GraphBuilder> b, const std::string& what) {
-  Plan p;
-  p.graph = b->graph();
-  p.builder = std::move(b);
+// The engine behind an engine configuration: its global index and whether cuDNN's numerical
+// notes call it non-deterministic (-1 / false where cuDNN will not say).
+struct EngineInfo {
+  int64_t engine = -1;
+  bool nondeterministic = false;
+};
+EngineInfo engine_info(cudnnBackendDescriptor_t cfg) {
+  EngineInfo r;
+  cudnnBackendDescriptor_t engine = nullptr;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS)
+    return r;
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                               &n, &engine) == CUDNN_STATUS_SUCCESS) {
+    cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                             &r.engine);
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    int64_t nn = 0;
+    if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                 CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &nn,
+                                 notes) == CUDNN_STATUS_SUCCESS)
+      for (int64_t i = 0; i < nn; ++i)
+        r.nondeterministic |= notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+  }
+  cudnnBackendDestroyDescriptor(engine);
+  return r;
+}
+
+// The engine configurations cuDNN's heuristics (mode A) propose for graph g, best first,
+// after cuDNN's own support checks. With devprop (a device-properties descriptor) they are
+// for the device it describes rather than the current GPU (cuDNN >= 9.8).
+std::vector<Desc> heuristic_configs(const Desc& g, const std::string& what,
+                                    cudnnBackendDescriptor_t devprop) {
   Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, what + " heuristics");
   const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-  heur.desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, p.graph)
-      .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode)
-      .finalize();
+  heur.desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g)
+      .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (devprop) heur.set(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+  heur.finalize();
   int64_t count = 0;
   ST_CUDNN_DO(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
               what + " heuristics");
-  if (count <= 0)
-    fail("cuDNN attention (", what, "): cuDNN's heuristics offer no engine for this graph "
-         "(cuDNN ", version_string(cudnnGetVersion()), "); use flash");
   std::vector<Desc> cfgs;
   std::vector<cudnnBackendDescriptor_t> raw;
   for (int64_t i = 0; i < count; ++i) {
@@ -335,65 +366,87 @@ Plan make_plan(cudnnHandle_t handle, std::unique_ptr<GraphBuilder> b, const std:
     raw.push_back(cfgs.back().get());
   }
   int64_t got = 0;
-  ST_CUDNN_DO(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
-              what + " heuristics");
+  if (count > 0)
+    ST_CUDNN_DO(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
+                what + " heuristics");
+  cfgs.resize(static_cast<size_t>(std::max<int64_t>(0, std::min(got, count))));
+  return cfgs;
+}
+
+// One attempt to finalize an execution plan of cfg (on handle's GPU, or for devprop's).
+struct PlanTry {
+  Desc plan;  // empty when it failed
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  std::string error;  // cuDNN's status and last message when it failed
+};
+PlanTry try_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t devprop, const Desc& cfg,
+                 const std::string& what) {
+  PlanTry t;
+  cudnnBackendDescriptor_t plan_d = nullptr;
+  t.status = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan_d);
+  cudnnBackendDescriptor_t cfg_d = cfg.get();
+  if (t.status == CUDNN_STATUS_SUCCESS)
+    t.status = handle ? cudnnBackendSetAttribute(plan_d, CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+                                                 CUDNN_TYPE_HANDLE, 1, &handle)
+                      : cudnnBackendSetAttribute(plan_d, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+  if (t.status == CUDNN_STATUS_SUCCESS)
+    t.status = cudnnBackendSetAttribute(plan_d, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg_d);
+  if (t.status == CUDNN_STATUS_SUCCESS) t.status = cudnnBackendFinalize(plan_d);
+  if (t.status != CUDNN_STATUS_SUCCESS) {
+    char msg[512] = {0};
+    cudnnGetLastErrorString(msg, sizeof msg);
+    for (char* c = msg; *c; ++c)
+      if (*c == '\n') *c = ' ';
+    t.error = std::string(cudnnGetErrorString(t.status)) + (msg[0] ? std::string(": ") + msg : "");
+    if (plan_d) cudnnBackendDestroyDescriptor(plan_d);
+    return t;
+  }
+  t.plan = Desc::adopt(plan_d, what + " plan");
+  return t;
+}
+
+int64_t workspace_of(const Desc& plan, const std::string& what) {
+  int64_t n = 0, ws = 0;
+  ST_CUDNN_DO(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                       CUDNN_TYPE_INT64, 1, &n, &ws),
+              what + " workspace size");
+  return ws;
+}
+
+// Heuristics (mode A), then the first engine configuration whose plan finalizes.
+Plan make_plan(cudnnHandle_t handle, std::unique_ptr<GraphBuilder> b, const std::string& what) {
+  Plan p;
+  p.graph = b->graph();
+  p.builder = std::move(b);
+  std::vector<Desc> cfgs = heuristic_configs(p.graph, what, nullptr);
+  if (cfgs.empty())
+    fail("cuDNN attention (", what, "): cuDNN's heuristics offer no engine for this graph "
+         "(cuDNN ", version_string(cudnnGetVersion()), "); use flash");
   std::string last_error;
-  for (int64_t i = 0; i < got; ++i) {
+  for (Desc& cfg : cfgs) {
     ++p.configs_tried;
-    cudnnBackendDescriptor_t plan_d = nullptr;
-    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan_d) !=
-        CUDNN_STATUS_SUCCESS)
-      continue;
-    cudnnBackendDescriptor_t cfg_d = cfgs[i].get();
-    cudnnStatus_t s = cudnnBackendSetAttribute(plan_d, CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
-                                               CUDNN_TYPE_HANDLE, 1, &handle);
-    if (s == CUDNN_STATUS_SUCCESS)
-      s = cudnnBackendSetAttribute(plan_d, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg_d);
-    if (s == CUDNN_STATUS_SUCCESS) s = cudnnBackendFinalize(plan_d);
-    if (s != CUDNN_STATUS_SUCCESS) {
-      char msg[512] = {0};
-      cudnnGetLastErrorString(msg, sizeof msg);
-      last_error = std::string(cudnnGetErrorString(s)) + (msg[0] ? std::string(": ") + msg : "");
-      cudnnBackendDestroyDescriptor(plan_d);
+    PlanTry t = try_plan(handle, nullptr, cfg, what);
+    if (!t.plan.get()) {
+      last_error = t.error;
       continue;
     }
-    p.config = std::move(cfgs[i]);
-    p.plan = Desc::adopt(plan_d, what + " plan");
+    p.config = std::move(cfg);
+    p.plan = std::move(t.plan);
     break;
   }
   if (!p.plan.get())
-    fail("cuDNN attention (", what, "): none of the ", got, " engine configurations cuDNN ",
-         version_string(cudnnGetVersion()), " proposed could be finalized (last: ", last_error,
-         "); use flash");
-  int64_t n = 0;
-  ST_CUDNN_DO(cudnnBackendGetAttribute(p.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                       CUDNN_TYPE_INT64, 1, &n, &p.workspace),
-              what + " workspace size");
-  // The engine behind the configuration: its index and numerical notes (not fatal if cuDNN
-  // will not say).
-  cudnnBackendDescriptor_t engine = nullptr;
-  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) ==
-      CUDNN_STATUS_SUCCESS) {
-    if (cudnnBackendGetAttribute(p.config.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) ==
-        CUDNN_STATUS_SUCCESS) {
-      cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
-                               &p.engine);
-      cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-      int64_t nn = 0;
-      if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-                                   CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
-                                   &nn, notes) == CUDNN_STATUS_SUCCESS)
-        for (int64_t i = 0; i < nn; ++i)
-          p.nondeterministic |= notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
-    }
-    cudnnBackendDestroyDescriptor(engine);
-  }
+    fail("cuDNN attention (", what, "): none of the ", cfgs.size(), " engine configurations "
+         "cuDNN ", version_string(cudnnGetVersion()), " proposed could be finalized (last: ",
+         last_error, "); use flash");
+  p.workspace = workspace_of(p.plan, what);
+  const EngineInfo e = engine_info(p.config.get());
+  p.engine = e.engine;
+  p.nondeterministic = e.nondeterministic;
   return p;
 }
-
 
 // ---- the two graphs -------------------------------------------------------------------
 // Shapes in cuDNN's (batch, head, row, column) order; strides in elements.
@@ -852,6 +905,36 @@ std::string cudnn_version_text() {
 
 std::unique_ptr<Attention> make_attention_cuda_cudnn(CudaBackend& be, const AttentionConfig& cfg) {
   return std::make_unique<CudnnAttention>(be, cfg);
+}
+
+CudnnDevicelessReport cudnn_plan_deviceless(const std::string& device_json, int B, int T,
+                                            int NH, int HS, DType fmt, bool causal) {
+  Desc dev(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties");
+  dev.set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+          static_cast<int64_t>(device_json.size()), device_json.data())
+      .finalize();
+  const Shape4 s{B, NH, T, HS};
+  CudnnDevicelessReport r;
+  r.version = version_string(cudnnGetVersion());
+  for (const bool fwd : {true, false}) {
+    const std::string what = std::string(fwd ? "forward" : "backward") + " deviceless";
+    auto g = fwd ? forward_graph(nullptr, s, fmt, causal, what)
+                 : backward_graph(nullptr, s, fmt, causal, what);
+    const Desc graph = g->graph();
+    auto& out = fwd ? r.forward : r.backward;
+    for (const Desc& cfg : heuristic_configs(graph, what, dev.get())) {
+      CudnnDevicelessConfig c;
+      const EngineInfo e = engine_info(cfg.get());
+      c.engine = e.engine;
+      c.nondeterministic = e.nondeterministic;
+      PlanTry t = try_plan(nullptr, dev.get(), cfg, what);
+      c.finalized = t.plan.get() != nullptr;
+      c.status = c.finalized ? "finalized" : t.error;
+      if (c.finalized) c.workspace = workspace_of(t.plan, what);
+      out.push_back(c);
+    }
+  }
+  return r;
 }
 
 std::string cudnn_attention_describe(const Attention& attn) { return cudnn_of(attn).describe(); }
