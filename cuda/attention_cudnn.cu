@@ -53,6 +53,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "cuda/cudnn_graph_ir.h"
 
 #if defined(ST_WITH_CUDNN)
 #include <cudnn.h>
@@ -83,6 +84,14 @@ CudnnDevicelessReport cudnn_plan_deviceless(const std::string&, int, int, int, i
                                             bool) {
   fail("cudnn_plan_deviceless: this build has no cuDNN");
 }
+namespace cudnn_ir {
+Graph attention_graph(bool, int, int, int, int, DType, bool) {
+  fail("cudnn_ir::attention_graph: this build has no cuDNN");
+}
+std::vector<Binding> attention_bindings(bool, int64_t, bool) {
+  fail("cudnn_ir::attention_bindings: this build has no cuDNN");
+}
+}  // namespace cudnn_ir
 
 #else  // ST_WITH_CUDNN
 
@@ -219,6 +228,7 @@ class GraphBuilder {
         .finalize();
     keep(std::move(mm));
     ops_.push_back(std::move(op));
+    record(cudnn_ir::Op::Matmul, "MATMUL", -1, &a, &b, nullptr, c, name);
   }
   // y = mode(x[, b][, t]); axis for GEN_INDEX; prec: the op's math precision.
   void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc* t,
@@ -241,6 +251,7 @@ class GraphBuilder {
         .finalize();
     keep(std::move(pw));
     ops_.push_back(std::move(op));
+    record(cudnn_ir::Op::Pointwise, pointwise_name(mode), axis, &x, b, t, y, name);
   }
   // y = reduce(x) over the axes where y has size 1.
   void reduce(cudnnReduceTensorOp_t mode, const Desc& x, const Desc& y, const char* name) {
@@ -255,6 +266,8 @@ class GraphBuilder {
         .finalize();
     keep(std::move(rd));
     ops_.push_back(std::move(op));
+    record(cudnn_ir::Op::Reduction, mode == CUDNN_REDUCE_TENSOR_MAX ? "MAX" : "ADD", -1, &x,
+           nullptr, nullptr, y, name);
   }
   // y = x seen through y's dims and strides (a transpose here).
   void reshape(const Desc& x, const Desc& y, const char* name) {
@@ -263,6 +276,7 @@ class GraphBuilder {
         .desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y)
         .finalize();
     ops_.push_back(std::move(op));
+    record(cudnn_ir::Op::Reshape, "RESHAPE", -1, &x, nullptr, nullptr, y, name);
   }
 
   // The finalized operation graph; the builder keeps every descriptor it made alive.
@@ -277,6 +291,8 @@ class GraphBuilder {
     return g;
   }
   size_t op_count() const { return ops_.size(); }
+  // The graph as plain data (cuda/cudnn_graph_ir.h), recorded as it was built.
+  const cudnn_ir::Graph& ir() const { return ir_; }
 
  private:
   const Desc& tensor(int64_t uid, std::vector<int64_t> dims, std::vector<int64_t> strides,
@@ -291,10 +307,57 @@ class GraphBuilder {
     if (is_virtual) d->boolean(CUDNN_ATTR_TENSOR_IS_VIRTUAL, true);
     if (by_value) d->boolean(CUDNN_ATTR_TENSOR_IS_BY_VALUE, true);
     d->finalize();
+    cudnn_ir::Tensor t_ir;
+    t_ir.uid = uid;
+    t_ir.dims = std::move(dims);
+    t_ir.strides = std::move(strides);
+    t_ir.type = t == CUDNN_DATA_BFLOAT16 ? "bf16"
+                : t == CUDNN_DATA_HALF   ? "fp16"
+                : t == CUDNN_DATA_FLOAT  ? "fp32"
+                : t == CUDNN_DATA_INT32  ? "int32"
+                : t == CUDNN_DATA_BOOLEAN ? "bool"
+                                          : "other";
+    t_ir.is_virtual = is_virtual;
+    t_ir.by_value = by_value;
+    ir_.tensors.push_back(std::move(t_ir));
+    uid_of_[d.get()] = uid;
     tensors_.push_back(std::move(d));
     return *tensors_.back();
   }
   void keep(Desc d) { misc_.push_back(std::move(d)); }
+  int64_t uid(const Desc* d) const {
+    if (!d) return -1;
+    const auto it = uid_of_.find(d);
+    ST_CHECK(it != uid_of_.end(), "cuDNN graph ", what_, ": an operand is not a tensor of it");
+    return it->second;
+  }
+  void record(cudnn_ir::Op op, const char* mode, int64_t axis, const Desc* x, const Desc* b,
+              const Desc* t, const Desc& y, const char* name) {
+    cudnn_ir::Node n;
+    n.op = op;
+    n.mode = mode;
+    n.axis = axis;
+    n.x = uid(x);
+    n.b = uid(b);
+    n.t = uid(t);
+    n.y = uid(&y);
+    n.name = name;
+    ir_.nodes.push_back(std::move(n));
+  }
+  static const char* pointwise_name(cudnnPointwiseMode_t m) {
+    switch (m) {
+      case CUDNN_POINTWISE_MUL: return "MUL";
+      case CUDNN_POINTWISE_ADD: return "ADD";
+      case CUDNN_POINTWISE_SUB: return "SUB";
+      case CUDNN_POINTWISE_DIV: return "DIV";
+      case CUDNN_POINTWISE_EXP: return "EXP";
+      case CUDNN_POINTWISE_LOG: return "LOG";
+      case CUDNN_POINTWISE_GEN_INDEX: return "GEN_INDEX";
+      case CUDNN_POINTWISE_CMP_GE: return "CMP_GE";
+      case CUDNN_POINTWISE_BINARY_SELECT: return "BINARY_SELECT";
+      default: return "?";
+    }
+  }
 
   cudnnHandle_t handle_;
   std::string what_;
@@ -302,6 +365,8 @@ class GraphBuilder {
   std::vector<std::unique_ptr<Desc>> tensors_;  // stable addresses: ops refer to them
   std::vector<Desc> misc_;
   std::vector<Desc> ops_;
+  std::map<const Desc*, int64_t> uid_of_;
+  cudnn_ir::Graph ir_;
 
   friend struct Plan;
 };
@@ -691,13 +756,13 @@ class CudnnAttention : public Attention {
     Plan& p = plan(true, s, fmt);
     scale_ = flash::scale_of(static_cast<int>(s.D));  // 1/sqrt(HS) in FP32, as our kernels
     void* ws = workspace(p.workspace);
-    const size_t es = dtype_size(fmt);
-    char* q = static_cast<char*>(const_cast<void*>(qkv.raw()));
-    const std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
-    void* stats = aligned_lse(lse);
-    std::vector<void*> ptrs = {q, q + s.C() * es, q + 2 * s.C() * es, out.raw(), stats, &scale_};
-    add_neg_inf(uids, ptrs, p);
-    execute(p, ptrs, ws, "forward");
+    Buffers b;
+    b.es = dtype_size(fmt);
+    b.qkv = static_cast<char*>(const_cast<void*>(qkv.raw()));
+    b.out = static_cast<char*>(out.raw());
+    b.lse = static_cast<char*>(aligned_lse(lse));
+    void* stats = b.lse;
+    execute(p, cudnn_ir::attention_bindings(true, s.C(), cfg_.causal), b, ws, "forward");
     if (stats != lse.raw())
       ST_CUDA_CHECK(cudaMemcpyAsync(lse.raw(), stats, lse.nbytes(), cudaMemcpyDeviceToDevice,
                                     be_.stream()));
@@ -731,21 +796,19 @@ class CudnnAttention : public Attention {
     // Our region first (D = rowsum(dO * O), FP32, B*NH*T), then cuDNN's workspace.
     const int64_t d_bytes = (s.B * s.H * s.T * 4 + 255) / 256 * 256;
     char* ws = static_cast<char*>(workspace(d_bytes + p.workspace));
-    const size_t es = dtype_size(fmt);
-    char* q = static_cast<char*>(const_cast<void*>(qkv.raw()));
-    char* dq = static_cast<char*>(dqkv.raw());
-    const std::vector<int64_t> uids = {kQ,  kK,  kV,  kO,     kDO,  kStats,
-                                       kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum};
-    void* stats = aligned_lse(lse);
-    if (stats != lse.raw())
-      ST_CUDA_CHECK(cudaMemcpyAsync(stats, lse.raw(), lse.nbytes(), cudaMemcpyDeviceToDevice,
+    Buffers b;
+    b.es = dtype_size(fmt);
+    b.qkv = static_cast<char*>(const_cast<void*>(qkv.raw()));
+    b.out = static_cast<char*>(const_cast<void*>(out.raw()));
+    b.lse = static_cast<char*>(aligned_lse(lse));
+    b.dout = static_cast<char*>(const_cast<void*>(dout.raw()));
+    b.dqkv = static_cast<char*>(dqkv.raw());
+    b.workspace = ws;
+    if (b.lse != lse.raw())
+      ST_CUDA_CHECK(cudaMemcpyAsync(b.lse, lse.raw(), lse.nbytes(), cudaMemcpyDeviceToDevice,
                                     be_.stream()));
-    std::vector<void*> ptrs = {q,      q + s.C() * es,  q + 2 * s.C() * es,
-                               out.raw(), const_cast<void*>(dout.raw()), stats,
-                               dq,     dq + s.C() * es, dq + 2 * s.C() * es,
-                               &scale_, &one_,          ws};
-    add_neg_inf(uids, ptrs, p);
-    execute(p, ptrs, ws + d_bytes, "backward");
+    execute(p, cudnn_ir::attention_bindings(false, s.C(), cfg_.causal), b, ws + d_bytes,
+            "backward");
   }
 
   std::string describe() const {
@@ -807,17 +870,6 @@ class CudnnAttention : public Attention {
     return *it->second;
   }
 
-  // The -inf of the causal mask (cudnn-frontend uses FLT_LOWEST before cuDNN 9.10).
-  void add_neg_inf(std::vector<int64_t> uids, std::vector<void*>& ptrs, const Plan&) {
-    neg_inf_ = cudnnGetVersion() >= 91000 ? -std::numeric_limits<float>::infinity()
-                                          : std::numeric_limits<float>::lowest();
-    uids_ = std::move(uids);
-    if (cfg_.causal) {
-      uids_.push_back(kNegInf);
-      ptrs.push_back(&neg_inf_);
-    }
-  }
-
   // lse is a layer's view of the model's (L, B, NH, T) buffer, 4-byte aligned; cuDNN's
   // Stats tensor is declared 16-byte aligned, so a misaligned lse goes through a copy.
   void* aligned_lse(const Tensor& lse) {
@@ -835,11 +887,42 @@ class CudnnAttention : public Attention {
     return ws.raw();
   }
 
-  void execute(const Plan& p, std::vector<void*>& ptrs, void* ws, const char* what) {
-    ST_CHECK(ptrs.size() == uids_.size(), "cudnn attention: variant pack mismatch");
+  // Base pointers of one call's buffers (element size es for qkv, out, dout, dqkv; FP32 for
+  // lse and the workspace region).
+  struct Buffers {
+    size_t es = 2;
+    char *qkv = nullptr, *out = nullptr, *lse = nullptr, *dout = nullptr, *dqkv = nullptr,
+         *workspace = nullptr;
+  };
+
+  void execute(const Plan& p, const std::vector<cudnn_ir::Binding>& binds, const Buffers& b,
+               void* ws, const char* what) {
+    // The -inf of the causal mask (cudnn-frontend uses FLT_LOWEST before cuDNN 9.10).
+    neg_inf_ = cudnnGetVersion() >= 91000 ? -std::numeric_limits<float>::infinity()
+                                          : std::numeric_limits<float>::lowest();
+    std::vector<int64_t> uids;
+    std::vector<void*> ptrs;
+    for (const cudnn_ir::Binding& x : binds) {
+      using cudnn_ir::Buffer;
+      void* ptr = nullptr;
+      switch (x.buffer) {
+        case Buffer::Qkv: ptr = b.qkv + x.offset * b.es; break;
+        case Buffer::Out: ptr = b.out + x.offset * b.es; break;
+        case Buffer::Lse: ptr = b.lse + x.offset * 4; break;
+        case Buffer::Dout: ptr = b.dout + x.offset * b.es; break;
+        case Buffer::Dqkv: ptr = b.dqkv + x.offset * b.es; break;
+        case Buffer::Workspace: ptr = b.workspace + x.offset * 4; break;
+        case Buffer::Scale: ptr = &scale_; break;
+        case Buffer::One: ptr = &one_; break;
+        case Buffer::NegInf: ptr = &neg_inf_; break;
+      }
+      ST_CHECK(ptr != nullptr, "cudnn attention ", what, ": no buffer for tensor ", x.uid);
+      uids.push_back(x.uid);
+      ptrs.push_back(ptr);
+    }
     Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, std::string(what) + " variant pack");
     vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
-           static_cast<int64_t>(uids_.size()), uids_.data())
+           static_cast<int64_t>(uids.size()), uids.data())
         .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
              static_cast<int64_t>(ptrs.size()), ptrs.data())
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws)
@@ -878,7 +961,6 @@ class CudnnAttention : public Attention {
   CudaBackend& be_;
   AttentionConfig cfg_;
   float scale_ = 0, one_ = 1.0f, neg_inf_ = 0;
-  std::vector<int64_t> uids_;
   int64_t B_ = -1, T_ = -1;
   int NH_ = -1;
   DType fmt_ = DType::F32;
@@ -906,6 +988,32 @@ std::string cudnn_version_text() {
 std::unique_ptr<Attention> make_attention_cuda_cudnn(CudaBackend& be, const AttentionConfig& cfg) {
   return std::make_unique<CudnnAttention>(be, cfg);
 }
+
+namespace cudnn_ir {
+
+Graph attention_graph(bool forward, int B, int T, int NH, int HS, DType fmt, bool causal) {
+  const Shape4 s{B, NH, T, HS};
+  auto g = forward ? forward_graph(nullptr, s, fmt, causal, "forward (ir)")
+                   : backward_graph(nullptr, s, fmt, causal, "backward (ir)");
+  return g->ir();
+}
+
+std::vector<Binding> attention_bindings(bool forward, int64_t C, bool causal) {
+  std::vector<Binding> r;
+  if (forward) {
+    r = {{kQ, Buffer::Qkv, 0},     {kK, Buffer::Qkv, C},        {kV, Buffer::Qkv, 2 * C},
+         {kO, Buffer::Out, 0},     {kStats, Buffer::Lse, 0},    {kScale, Buffer::Scale, 0}};
+  } else {
+    r = {{kQ, Buffer::Qkv, 0},       {kK, Buffer::Qkv, C},         {kV, Buffer::Qkv, 2 * C},
+         {kO, Buffer::Out, 0},       {kDO, Buffer::Dout, 0},       {kStats, Buffer::Lse, 0},
+         {kDQ, Buffer::Dqkv, 0},     {kDK, Buffer::Dqkv, C},       {kDV, Buffer::Dqkv, 2 * C},
+         {kScale, Buffer::Scale, 0}, {kOne, Buffer::One, 0},       {kSoftmaxSum, Buffer::Workspace, 0}};
+  }
+  if (causal) r.push_back({kNegInf, Buffer::NegInf, 0});
+  return r;
+}
+
+}  // namespace cudnn_ir
 
 CudnnDevicelessReport cudnn_plan_deviceless(const std::string& device_json, int B, int T,
                                             int NH, int HS, DType fmt, bool causal) {
