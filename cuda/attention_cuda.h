@@ -30,7 +30,6 @@ std::unique_ptr<Attention> make_attention_cuda_cudnn(CudaBackend& be, const Atte
 // "cuDNN 9.19.0 (built with 9.19.0)" when this build has the cudnn backend, else a sentence
 // saying it has none (for probes, benchmarks and test output).
 std::string cudnn_version_text();
-bool cudnn_in_build();
 // For tests and benchmarks, on an Attention made with backend cudnn (throws otherwise): the
 // cuDNN version and, for the last forward and backward, the engine, its workspace and
 // whether cuDNN's numerical notes call it deterministic.

@@ -65,7 +65,6 @@ namespace st {
 
 #if !defined(ST_WITH_CUDNN)
 
-bool cudnn_in_build() { return false; }
 std::string cudnn_version_text() {
   return "none: this build has no cuDNN (CMake found no cudnn_graph.h / libcudnn 9)";
 }
@@ -94,8 +93,6 @@ std::vector<Binding> attention_bindings(bool, int64_t, bool) {
 }  // namespace cudnn_ir
 
 #else  // ST_WITH_CUDNN
-
-bool cudnn_in_build() { return true; }
 
 namespace {
 
@@ -368,7 +365,6 @@ class GraphBuilder {
   std::map<const Desc*, int64_t> uid_of_;
   cudnn_ir::Graph ir_;
 
-  friend struct Plan;
 };
 
 // A finalized execution plan and everything it was built from.
@@ -704,20 +700,9 @@ void check_config(const AttentionConfig& c) {
          "attention has no tie shift (leave them unset with backend cudnn)");
 }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* pa = static_cast<const char*>(a.raw());
-  const auto* pb = static_cast<const char*>(b.raw());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
+// cuDNN's tensors are declared 16-byte aligned; lse (4) goes through aligned_lse.
 void check_gpu(const Tensor& t, DType dtype, const char* what, size_t align) {
-  ST_CHECK(t.defined() && t.device() == Device::CUDA, "cudnn attention: ", what,
-           " must be a GPU tensor, got ", t.defined() ? t.desc() : "undefined");
-  ST_CHECK(t.dtype() == dtype, "cudnn attention: ", what, " ", t.desc(), " must have storage ",
-           dtype_name(dtype));
-  ST_CHECK(reinterpret_cast<uintptr_t>(t.raw()) % align == 0, "cudnn attention: ", what, " ",
-           t.desc(), " must be ", align, "-byte aligned (cuDNN's tensors are)");
+  check_device_tensor(t, dtype, "cudnn attention", what, align);
 }
 
 class CudnnAttention : public Attention {

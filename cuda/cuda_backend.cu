@@ -60,12 +60,6 @@ void check_operand(const Tensor& t, DType storage, const char* what) {
   ST_CHECK(t.dtype() == storage, what, " ", t.desc(), " must have storage ", dtype_name(storage));
 }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* pa = static_cast<const char*>(a.raw());
-  const auto* pb = static_cast<const char*>(b.raw());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
 bool same_memory(const Tensor& a, const Tensor& b) {
   return a.raw() == b.raw() && a.nbytes() == b.nbytes() && a.dtype() == b.dtype();
 }
@@ -96,6 +90,23 @@ void check_tokens(const Tensor& tokens, int64_t B, int64_t T, int64_t vocab_rows
 }
 
 }  // namespace
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* pa = static_cast<const char*>(a.raw());
+  const auto* pb = static_cast<const char*>(b.raw());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+void check_device_tensor(const Tensor& t, DType dtype, const char* who, const char* what,
+                         size_t align) {
+  ST_CHECK(t.defined(), who, ": ", what, " is undefined");
+  ST_CHECK(t.device() == Device::CUDA, who, ": ", what, " ", t.desc(), " must be on the GPU");
+  ST_CHECK(t.dtype() == dtype, who, ": ", what, " ", t.desc(), " must have storage ",
+           dtype_name(dtype));
+  ST_CHECK(reinterpret_cast<uintptr_t>(t.raw()) % align == 0, who, ": ", what, " ", t.desc(),
+           " must be ", align, "-byte aligned");
+}
 
 CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
   ST_CUDA_CHECK(cudaSetDevice(device_index));

@@ -39,23 +39,10 @@ namespace {
 
 const char* fmt_name(DType t) { return dtype_name(t); }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* pa = static_cast<const char*>(a.raw());
-  const auto* pb = static_cast<const char*>(b.raw());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 // align: 16 for the tensors read with 16-byte copies; 4 for lse (a layer's view of the
 // model's (L, B, NH, T) buffer), read and written one float at a time.
 void check_gpu(const Tensor& t, DType dtype, const char* what, size_t align = 16) {
-  ST_CHECK(t.defined(), "flash attention: ", what, " is undefined");
-  ST_CHECK(t.device() == Device::CUDA, "flash attention: ", what, " ", t.desc(),
-           " must be on the GPU");
-  ST_CHECK(t.dtype() == dtype, "flash attention: ", what, " ", t.desc(), " must have storage ",
-           dtype_name(dtype));
-  ST_CHECK(reinterpret_cast<uintptr_t>(t.raw()) % align == 0, "flash attention: ", what, " ",
-           t.desc(), " must be ", align, "-byte aligned");
+  check_device_tensor(t, dtype, "flash attention", what, align);
 }
 
 class FlashAttentionCuda : public Attention {

@@ -152,6 +152,21 @@ class GpuFlash : public ::testing::Test {
     return o;
   }
 
+  // The error of make_attention(cfg) and one forward in format fmt ("" if none).
+  std::string forward_error(const AttentionConfig& cfg, const Inputs& in, DType fmt) {
+    const Dims& d = in.d;
+    try {
+      auto attn = gpu_->make_attention(cfg);
+      const Tensor qkv = to_gpu(in.qkv, fmt);
+      const Tensor out = gpu_->alloc({d.B, d.T, d.C()}, fmt), lse = gpu_->alloc({d.B, d.NH, d.T}, DType::F32);
+      attn->forward(out, lse, qkv, d.NH, fmt);
+      gpu_->synchronize();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
   // FP64 reference: baseline attention computed in FP64 on the same (format-exact) inputs.
   Outputs run_f64(bool causal, const Inputs& in) {
     const Dims& d = in.d;
@@ -702,16 +717,7 @@ TEST_F(GpuFlash, UnsupportedSettingsFail) {
   for (const Bad& b : bad) {
     AttentionConfig cfg = flash_cfg(AttentionKind::StabilizedFlash, true);
     b.set(cfg);
-    std::string msg;
-    try {
-      auto attn = gpu_->make_attention(cfg);
-      const Tensor qkv = to_gpu(in.qkv, b.fmt);
-      const Tensor out = gpu_->alloc({d.B, d.T, d.C()}, b.fmt), lse = gpu_->alloc({d.B, d.NH, d.T}, DType::F32);
-      attn->forward(out, lse, qkv, d.NH, b.fmt);
-      gpu_->synchronize();
-    } catch (const Error& e) {
-      msg = e.what();
-    }
+    const std::string msg = forward_error(cfg, in, b.fmt);
     std::printf("  %s -> %s\n", b.key, msg.c_str());
     EXPECT_NE(msg.find(b.key), std::string::npos) << "expected an error naming " << b.key << ", got '" << msg << "'";
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
@@ -888,16 +894,7 @@ TEST_F(GpuCudnn, UnsupportedSettingsFail) {
   for (const Bad& b : bad) {
     AttentionConfig cfg = cudnn_cfg(true);
     b.set(cfg);
-    std::string msg;
-    try {
-      auto attn = gpu_->make_attention(cfg);
-      const Tensor qkv = to_gpu(in.qkv, b.fmt);
-      const Tensor out = gpu_->alloc({d.B, d.T, d.C()}, b.fmt), lse = gpu_->alloc({d.B, d.NH, d.T}, DType::F32);
-      attn->forward(out, lse, qkv, d.NH, b.fmt);
-      gpu_->synchronize();
-    } catch (const Error& e) {
-      msg = e.what();
-    }
+    const std::string msg = forward_error(cfg, in, b.fmt);
     std::printf("  cudnn %s -> %s\n", b.key, msg.c_str());
     EXPECT_NE(msg.find(b.key), std::string::npos) << "expected an error naming " << b.key << ", got '" << msg << "'";
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
