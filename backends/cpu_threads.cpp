@@ -5,46 +5,102 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include <unistd.h>
 
 extern "C" void openblas_set_num_threads(int);
+extern "C" char* openblas_get_corename();
+extern "C" char* openblas_get_config();
 
 namespace st {
 namespace {
 
-// What the .preinit_array entry found and did (environment changes made there are not
-// visible to getenv in main, so the outcome is kept here).
-char g_policy[96] = "";
+// The wait policy must be in the environment when libgomp's ELF initialiser reads it, which
+// is before any code of ours runs except a .preinit_array entry, and a variable set there is
+// lost: glibc's environ is not set up yet (getenv finds nothing) and libc's initialiser then
+// points it back at the process's original block (until 2026-11-28 stabletrain did that, and
+// its executables ran with libgomp's spin count of 300,000 while the log said "passive").
+// So the executable's first constructor adds the default and re-executes the same program
+// with the same arguments (/proc/self/exe: same pid, one more exec, ~10 ms). The marker
+// records what was set, so the new image and any child process do not re-execute, and can
+// tell a default of ours from a user's setting; any value of it present at start opts out.
+constexpr const char* kMarker = "STABLETRAIN_RUNTIME_ENV";
 
-void set_wait_policy(int, char**, char**) {
-  const char* user = std::getenv("OMP_WAIT_POLICY");
-  const char* spin = std::getenv("GOMP_SPINCOUNT");
-  if (user && *user) {
-    std::snprintf(g_policy, sizeof g_policy, "%s (from OMP_WAIT_POLICY)", user);
-  } else if (spin && *spin) {
-    std::snprintf(g_policy, sizeof g_policy, "spin count %s (from GOMP_SPINCOUNT)", spin);
-  } else {
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-    std::snprintf(g_policy, sizeof g_policy, "passive (stabletrain's default)");
+// Whether the marker says stabletrain set `var` to the value it has now.
+bool set_by_stabletrain(const char* var) {
+  const char* marker = std::getenv(kMarker);
+  const char* value = std::getenv(var);
+  if (!marker || !value) return false;
+  const std::string want = std::string(var) + "=" + value;
+  std::string m = marker;
+  for (size_t at = 0; at <= m.size();) {
+    const size_t comma = std::min(m.find(',', at), m.size());
+    if (m.compare(at, comma - at, want) == 0) return true;
+    at = comma + 1;
   }
+  return false;
+}
+
+void apply_runtime_defaults(int, char** argv, char**) {
+  if (std::getenv(kMarker)) return;  // set by us before the re-exec, by a parent, or by the user
+  std::string set;
+  auto add = [&](const char* var, const char* value) {
+    setenv(var, value, 1);
+    set += std::string(set.empty() ? "" : ",") + var + "=" + value;
+  };
+  const char* omp = std::getenv("OMP_WAIT_POLICY");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  if (!(omp && *omp) && !(spin && *spin)) add("OMP_WAIT_POLICY", "passive");
+  setenv(kMarker, set.empty() ? "none" : set.c_str(), 1);
+  if (set.empty() || !argv || !argv[0]) return;
+  execv("/proc/self/exe", argv);
+  // Still here: the setting did not reach libgomp. Say so; omp_wait_policy_description()
+  // then names what really runs.
+  std::fprintf(stderr, "stabletrain: could not re-execute with %s (/proc/self/exe: %s); running "
+               "with OpenMP's default wait policy\n", set.c_str(), std::strerror(errno));
+  setenv(kMarker, "none", 1);
 }
 
 }  // namespace
 }  // namespace st
 
-// Runs before the shared libraries' initialisers, so libgomp reads the policy set here. It
-// is linked into every executable through omp_wait_policy_description() (the CPU backend
-// calls it).
-__attribute__((section(".preinit_array"), used)) static void (*st_preinit_wait_policy)(
-    int, char**, char**) = &st::set_wait_policy;
+// Before every other constructor of the executable (priority 101; the shared libraries'
+// initialisers have run). Linked into every executable through omp_wait_policy_description()
+// (the CPU backend calls it). glibc passes argc, argv and envp to constructors.
+__attribute__((constructor(101))) static void st_runtime_defaults(int argc, char** argv,
+                                                                  char** envp) {
+  st::apply_runtime_defaults(argc, argv, envp);
+}
 
 namespace st {
 
 std::string omp_wait_policy_description() {
-  return g_policy[0] ? g_policy : "OpenMP's default (set before stabletrain could)";
+  const char* user = std::getenv("OMP_WAIT_POLICY");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  if (user && *user)
+    return std::string(user) +
+           (set_by_stabletrain("OMP_WAIT_POLICY") ? " (stabletrain's default)"
+                                                  : " (from OMP_WAIT_POLICY)");
+  if (spin && *spin) return std::string("spin count ") + spin + " (from GOMP_SPINCOUNT)";
+  return "OpenMP's default (spin, then sleep)";
 }
+
+std::string blas_description() {
+  const std::string config = openblas_get_config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH ..."
+  const size_t sp = config.find(' ', config.find(' ') + 1);
+  const std::string version = config.substr(0, sp == std::string::npos ? config.size() : sp);
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  const std::string who = core && *core ? std::string("from OPENBLAS_CORETYPE=") + core
+                                        : "OpenBLAS's choice for this CPU";
+  return version + ", " + blas_kernel_set() + " kernels (" + who + ")";
+}
+
+std::string blas_kernel_set() { return openblas_get_corename(); }
 
 int cpu_cores_available() {
   cpu_set_t set;

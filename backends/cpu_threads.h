@@ -4,9 +4,15 @@
 // spins by default; OMP_WAIT_POLICY=active spins indefinitely). On a machine whose cores are
 // shared with other processes, a spinning thread takes the core that the thread it waits for
 // needs, and a 2-thread run collapses (measured: bench/results/2026-11-27_cpu_threads_2core.md).
-// stabletrain's executables therefore start with OMP_WAIT_POLICY=passive unless the
-// environment sets OMP_WAIT_POLICY or GOMP_SPINCOUNT: the variable is set before libgomp
-// reads it (an ELF .preinit_array entry runs before any shared library's initialiser).
+// stabletrain's executables therefore run with OMP_WAIT_POLICY=passive unless the
+// environment sets OMP_WAIT_POLICY or GOMP_SPINCOUNT, or STABLETRAIN_RUNTIME_ENV (any value:
+// take OpenMP's default). libgomp reads the variable once, when it is loaded, so an
+// executable started without it sets it and re-executes itself (cpu_threads.cpp); the
+// marker STABLETRAIN_RUNTIME_ENV=OMP_WAIT_POLICY=passive then says the policy is ours.
+//
+// BLAS kernels. OpenBLAS picks its kernel set when it loads (OPENBLAS_CORETYPE overrides the
+// choice; this development machine sets it, see docs/ARCHITECTURE.md). The kernel set decides
+// the GEMMs' bits, so train.log and bench name it (blas_description()).
 //
 // Thread count. Every CPU kernel gives the same bits for any thread count (fixed partitions,
 // layers/matmul_cpu.cpp), so the count may change during a run. ThreadTuner implements
@@ -18,8 +24,16 @@
 
 namespace st {
 
-// "passive (stabletrain's default)" or "<value> (from OMP_WAIT_POLICY)" and the like.
+// What libgomp was started with: "passive (stabletrain's default)", "<value> (from
+// OMP_WAIT_POLICY)", "spin count N (from GOMP_SPINCOUNT)" or "OpenMP's default (spin, then
+// sleep)".
 std::string omp_wait_policy_description();
+
+// The BLAS, the kernel set it runs and who chose it: "OpenBLAS 0.3.21, Haswell kernels (from
+// OPENBLAS_CORETYPE=Haswell)" or "..., Cooperlake kernels (OpenBLAS's choice for this CPU)".
+std::string blas_description();
+// OpenBLAS's name of the kernel set it runs ("SkylakeX", "Haswell", ...).
+std::string blas_kernel_set();
 
 // Cores this process may run on (sched_getaffinity; at least 1).
 int cpu_cores_available();

@@ -190,7 +190,8 @@ TrainResult Run::go() {
       how += " threads, measured over the first steps and again every 100 steps or when the "
              "step time changes by 1.5x)";
     }
-    log_->info("cpu: {}; OpenMP wait policy {}", how, omp_wait_policy_description());
+    log_->info("cpu: {}; OpenMP wait policy {}; BLAS {}", how, omp_wait_policy_description(),
+               blas_description());
   }
   if (!resume_from_.empty()) log_->info("resumed from {} at step {}", resume_from_, step_);
 
