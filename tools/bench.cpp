@@ -274,7 +274,7 @@ Stat stat(const std::vector<double>& v) {
 struct TorchResult {
   std::vector<double> times;
   double first_loss = 0, last_loss = 0, params = 0;
-  std::string version;
+  std::string version, blas, wait_policy;  // what the PyTorch process ran with
 };
 
 // Runs the PyTorch step script once; its last stdout line is a JSON object.
@@ -304,6 +304,8 @@ TorchResult run_torch(const std::string& script, const GPT2Config& cfg, int B, i
   r.last_loss = j.at("last_loss").get<double>();
   r.params = j.at("params").get<double>();
   r.version = j.at("torch").get<std::string>();
+  r.blas = j.value("blas", std::string("BLAS not reported"));
+  r.wait_policy = j.value("omp_wait_policy", std::string("not reported"));
   return r;
 }
 
@@ -402,13 +404,16 @@ int main(int argc, char** argv) {
     getloadavg(load1, 1);
     std::printf("GPT-2 L=%d H=%d C=%d V=%d (%.1fM params), B=%d T=%d, FP32 AdamW step with "
                 "clipping; %d rounds x %d timed steps after a warm-up; %d threads (OpenMP wait "
-                "policy %s); load average %.2f before, %.2f after\n",
+                "policy %s; BLAS %s); load average %.2f before, %.2f after\n",
                 cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, num_parameters(cfg) / 1e6, B,
-                T, rounds, steps, threads, omp_wait_policy_description().c_str(), load0, load1[0]);
+                T, rounds, steps, threads, omp_wait_policy_description().c_str(),
+                blas_description().c_str(), load0, load1[0]);
     if (!torch_script.empty())
       std::printf("comparison: PyTorch %s, the same model, batch, optimizer and threads, "
-                  "alternated with stabletrain in each round (%.1fM params)\n",
-                  torch.version.c_str(), torch.params / 1e6);
+                  "alternated with stabletrain in each round (%.1fM params; %s, OpenMP wait "
+                  "policy %s: the environment stabletrain runs in)\n",
+                  torch.version.c_str(), torch.params / 1e6, torch.blas.c_str(),
+                  torch.wait_policy.c_str());
     std::printf("%-18s %18s %24s %8s %10s %14s\n", "measurement", "s/step (mean+-SE)",
                 "comparison", "ratio", "peak MiB", "loss0->last");
     const Stat tst = stat(theirs);

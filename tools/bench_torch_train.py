@@ -23,13 +23,27 @@ usage: bench_torch_train.py --layers 12 --heads 12 --embd 768 --vocab 50257
        bench_torch_train.py --device cuda --B 64 --T 1024 --steps 10 --warmup 3 [--compile 1] --table
 """
 import argparse
+import ctypes
 import json
 import math
+import os
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def blas_kernels():
+    """The kernel set of the OpenBLAS that torch loaded ("Haswell", ...), or what torch says
+    its BLAS is when that is not OpenBLAS."""
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")  # the copy already loaded through libblas.so.3
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return "OpenBLAS " + lib.openblas_get_corename().decode() + " kernels"
+    except (OSError, AttributeError):
+        cfg = torch.__config__.show()
+        return next((l.strip() for l in cfg.splitlines() if "BLAS_INFO" in l), "unknown BLAS")
 
 
 class Block(nn.Module):
@@ -129,6 +143,9 @@ def main():
             times.append(t1 - t0)
     out = {"times": times, "params": params, "first_loss": losses[0], "last_loss": losses[-1],
            "torch": torch.__version__, "threads": torch.get_num_threads()}
+    if not cuda:  # what ran: the BLAS kernels (as stabletrain's bench prints its own) and the wait policy
+        out["blas"] = blas_kernels()
+        out["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "OpenMP's default")
     if cuda:
         med = sorted(times)[len(times) // 2]
         tps = a.B * a.T / med

@@ -25,14 +25,18 @@ import tempfile
 import time
 
 # passive: stabletrain's default; spin: libgomp's own default (spin 300k iterations, then
-# sleep), as before; spin10k: a short spin.
-POLICIES = {"passive": {}, "spin": {"GOMP_SPINCOUNT": "300000"},
+# sleep); spin10k: a short spin. Each is set explicitly: until 2026-11-28 "passive" was the
+# executable's own default, which did not reach libgomp (it ran spin 300k; see
+# docs/ARCHITECTURE.md), so the passive and spin rows of bench/results/2026-11-27_cpu_threads*
+# ran the same policy.
+POLICIES = {"passive": {"OMP_WAIT_POLICY": "passive"}, "spin": {"GOMP_SPINCOUNT": "300000"},
             "spin10k": {"GOMP_SPINCOUNT": "10000"}}
 
 
 def run_cell(args, threads, policy, out_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
-                                                            "OMP_NUM_THREADS")}
+                                                            "OMP_NUM_THREADS",
+                                                            "STABLETRAIN_RUNTIME_ENV")}
     env.update(POLICIES[policy])
     cmd = [args.bin, "--config", "configs/tiny_shakespeare.yaml", "--overwrite",
            "--set", f"run.out_dir={out_dir}", "--set", f"run.threads={threads}",
