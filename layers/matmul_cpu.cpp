@@ -22,8 +22,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
+#include "core/error.h"
 #include "layers/cpu_kernels.h"
 
 namespace st::cpu {
@@ -43,20 +45,50 @@ void gemm1(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double a
 // GPT-2's GEMMs have several tiles per thread.
 constexpr int kTileM = 256, kTileN = 256;
 
-// Row-major C (M x N) = alpha op(A) op(B) + beta C, tiled as above (BLAS must be
-// single-threaded: the CPU backend sets OpenBLAS to one thread).
+// Row-major C (M x N) = alpha op(A) op(B) + beta C, to be cut into tiles as above.
 template <class T>
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T alpha, const T* A,
-          int lda, const T* B, int ldb, T beta, T* Cm, int ldc) {
-  const int tm = (M + kTileM - 1) / kTileM, tn = (N + kTileN - 1) / kTileN;
-#pragma omp parallel for schedule(dynamic)
-  for (int t = 0; t < tm * tn; ++t) {
+struct Gemm {
+  CBLAS_TRANSPOSE ta, tb;
+  int M, N, K;
+  T alpha;
+  const T* A;
+  int lda;
+  const T* B;
+  int ldb;
+  T beta;
+  T* C;
+  int ldc;
+  int tiles() const { return ((M + kTileM - 1) / kTileM) * ((N + kTileN - 1) / kTileN); }
+  void tile(int t) const {
+    const int tn = (N + kTileN - 1) / kTileN;
     const int i0 = (t / tn) * kTileM, j0 = (t % tn) * kTileN;
     const int m = std::min(kTileM, M - i0), n = std::min(kTileN, N - j0);
     const T* a = ta == CblasNoTrans ? A + static_cast<size_t>(i0) * lda : A + i0;
     const T* b = tb == CblasNoTrans ? B + j0 : B + static_cast<size_t>(j0) * ldb;
-    gemm1(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, Cm + static_cast<size_t>(i0) * ldc + j0,
+    gemm1(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, C + static_cast<size_t>(i0) * ldc + j0,
           ldc);
+  }
+};
+
+// Runs independent GEMMs (no output overlaps another's operands) as one pool of tiles that
+// OpenMP threads take in order, the first GEMM's tiles first: a GEMM with few tiles (GPT-2's
+// 256 x 768 outputs are 3) then shares the threads with the next one's instead of leaving a
+// thread idle. Each tile is the same single-threaded BLAS call whatever the pool, so the
+// bits are those of running the GEMMs one after another (BLAS must be single-threaded: the
+// CPU backend sets OpenBLAS to one thread).
+template <class T>
+void gemm_pool(std::initializer_list<Gemm<T>> list) {
+  constexpr int kMax = 4;
+  const Gemm<T>* g = list.begin();
+  ST_CHECK(list.size() <= kMax, "gemm_pool: at most ", kMax, " GEMMs");
+  const int n = static_cast<int>(list.size());
+  int first[kMax + 1] = {};  // tile index where each GEMM starts
+  for (int i = 1; i <= n; ++i) first[i] = first[i - 1] + g[i - 1].tiles();
+#pragma omp parallel for schedule(dynamic)
+  for (int t = 0; t < first[n]; ++t) {
+    int i = 0;
+    while (t >= first[i + 1]) ++i;
+    g[i].tile(t - first[i]);
   }
 }
 
@@ -65,7 +97,7 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T alpha, 
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC,
                     DType fmt) {
-  gemm(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
+  gemm_pool<T>({{CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC}});
   if (bias) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; ++i) {
@@ -80,17 +112,21 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
 template <class T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      const T* weight, int N, int C, int OC, DType fmt) {
-  if (dinp) {
-    gemm(CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
-    round_inplace(fmt, dinp, static_cast<size_t>(N) * C);
-  }
+  // dinp = dout.W and dW (+)= dout^T.inp in one pool of tiles (they read the same inputs and
+  // write different buffers; the CPU backend checks that none overlaps).
   const size_t nw = static_cast<size_t>(OC) * C;
-  if (fmt == DType::F32 || fmt == DType::F64) {  // nothing is rounded: accumulate in place
-    gemm(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
-  } else {
-    thread_local std::vector<T> product;  // reused: dW of the LM head is 38.6M values
-    product.resize(nw);
-    gemm(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(0), product.data(), C);
+  const bool in_place = fmt == DType::F32 || fmt == DType::F64;  // nothing rounded: accumulate
+  thread_local std::vector<T> product;  // reused: dW of the LM head is 38.6M values
+  if (!in_place) product.resize(nw);
+  const Gemm<T> dw{CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C,
+                   in_place ? T(1) : T(0), in_place ? dweight : product.data(), C};
+  if (dinp)
+    gemm_pool<T>({{CblasNoTrans, CblasNoTrans, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C},
+                  dw});
+  else
+    gemm_pool<T>({dw});
+  if (dinp) round_inplace(fmt, dinp, static_cast<size_t>(N) * C);
+  if (!in_place) {
     T* p = product.data();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < static_cast<int64_t>(nw); ++i)

@@ -1,6 +1,7 @@
 // CPU threading (backends/cpu_threads.h): results that do not depend on the thread count,
 // the run.threads: auto tuner on scripted step times, and the OpenMP wait policy the
 // executables start with.
+#include <cblas.h>
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -61,6 +62,55 @@ TEST(CpuThreads, MatmulBitsDoNotDependOnTheThreadCount) {
     EXPECT_EQ(m.dinp, one.dinp);
     EXPECT_EQ(m.dw, one.dw);
     EXPECT_EQ(m.db, one.db);
+  }
+  set_cpu_threads(before);
+}
+
+TEST(CpuThreads, MatmulBackwardIsItsTilesBlasCalls) {
+  // The definition the bits rest on (docs/ARCHITECTURE.md): every GEMM output is cut into
+  // fixed 256 x 256 tiles, each one single-threaded BLAS call over the whole K. The backward
+  // runs dinp's and dW's tiles as one pool; written out here tile by tile, one after another,
+  // the results must be the same bits at any thread count. FP32 (dW accumulated in place)
+  // and BF16 (dW = round(dW + round(product))). Shapes with partial tiles.
+  const int N = 300, C = 520, OC = 600, kT = 256;
+  const auto inp = randn(size_t(N) * C, 21), w = randn(size_t(OC) * C, 22),
+             dout = randn(size_t(N) * OC, 23), dw0 = randn(size_t(OC) * C, 24);
+  auto tiled = [&](CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int Nn, int K, const float* A,
+                   int lda, const float* B, int ldb, float beta, float* Cm, int ldc) {
+    for (int i0 = 0; i0 < M; i0 += kT)
+      for (int j0 = 0; j0 < Nn; j0 += kT)
+        cblas_sgemm(CblasRowMajor, ta, tb, std::min(kT, M - i0), std::min(kT, Nn - j0), K, 1.f,
+                    ta == CblasNoTrans ? A + size_t(i0) * lda : A + i0, lda,
+                    tb == CblasNoTrans ? B + j0 : B + size_t(j0) * ldb, ldb, beta,
+                    Cm + size_t(i0) * ldc + j0, ldc);
+  };
+  const int before = cpu_threads();
+  for (DType fmt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(fmt));
+    // One thread: a BLAS call outside an OpenMP parallel region takes OpenMP's thread count
+    // (OpenBLAS's OpenMP build), and its bits change with it.
+    set_cpu_threads(1);
+    std::vector<float> want_dinp(size_t(N) * C), want_dw = dw0, product(size_t(OC) * C);
+    tiled(CblasNoTrans, CblasNoTrans, N, C, OC, dout.data(), OC, w.data(), C, 0.f,
+          want_dinp.data(), C);
+    for (float& x : want_dinp) x = round_to(fmt, x);
+    if (fmt == DType::F32) {
+      tiled(CblasTrans, CblasNoTrans, OC, C, N, dout.data(), OC, inp.data(), C, 1.f,
+            want_dw.data(), C);
+    } else {
+      tiled(CblasTrans, CblasNoTrans, OC, C, N, dout.data(), OC, inp.data(), C, 0.f,
+            product.data(), C);
+      for (size_t i = 0; i < want_dw.size(); ++i)
+        want_dw[i] = round_to(fmt, want_dw[i] + round_to(fmt, product[i]));
+    }
+    for (int threads : {1, 2, 3}) {
+      set_cpu_threads(threads);
+      std::vector<float> dinp(size_t(N) * C), dw = dw0;
+      cpu::matmul_backward(dinp.data(), dw.data(), static_cast<float*>(nullptr), dout.data(),
+                           inp.data(), w.data(), N, C, OC, fmt);
+      EXPECT_EQ(dinp, want_dinp) << threads << " threads";
+      EXPECT_EQ(dw, want_dw) << threads << " threads";
+    }
   }
   set_cpu_threads(before);
 }
