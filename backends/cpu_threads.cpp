@@ -90,6 +90,8 @@ std::string omp_wait_policy_description() {
   return "OpenMP's default (spin, then sleep)";
 }
 
+bool omp_wait_policy_is_stabletrains() { return set_by_stabletrain("OMP_WAIT_POLICY"); }
+
 std::string blas_description() {
   const std::string config = openblas_get_config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH ..."
   const size_t sp = config.find(' ', config.find(' ') + 1);

@@ -28,6 +28,9 @@ namespace st {
 // OMP_WAIT_POLICY)", "spin count N (from GOMP_SPINCOUNT)" or "OpenMP's default (spin, then
 // sleep)".
 std::string omp_wait_policy_description();
+// True when OMP_WAIT_POLICY is stabletrain's default rather than the user's: a program this
+// process starts that is not stabletrain's (PyTorch in `bench step`) should then run without it.
+bool omp_wait_policy_is_stabletrains();
 
 // The BLAS, the kernel set it runs and who chose it: "OpenBLAS 0.3.21, Haswell kernels (from
 // OPENBLAS_CORETYPE=Haswell)" or "..., Cooperlake kernels (OpenBLAS's choice for this CPU)".

@@ -27,6 +27,7 @@ import ctypes
 import json
 import math
 import os
+import resource
 import time
 
 import torch
@@ -120,6 +121,7 @@ def main():
     step_model = torch.compile(m) if a.compile else m
     g = torch.Generator(device=dev).manual_seed(1)
     times, losses = [], []
+    faults0 = 0
     for s in range(a.steps + a.warmup):
         idx = torch.randint(a.vocab, (a.B, a.T), generator=g, device=dev)
         tgt = torch.randint(a.vocab, (a.B, a.T), generator=g, device=dev)
@@ -141,11 +143,16 @@ def main():
         losses.append(loss.item())
         if s >= a.warmup:
             times.append(t1 - t0)
+        if s + 1 == a.warmup:
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     out = {"times": times, "params": params, "first_loss": losses[0], "last_loss": losses[-1],
            "torch": torch.__version__, "threads": torch.get_num_threads()}
     if not cuda:  # what ran: the BLAS kernels (as stabletrain's bench prints its own) and the wait policy
         out["blas"] = blas_kernels()
         out["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "OpenMP's default")
+        # minor page faults per timed step (allocator churn: bench.cpp's TorchVariant)
+        out["minor_faults_per_step"] = (
+            resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / max(1, a.steps)
     if cuda:
         med = sorted(times)[len(times) // 2]
         tps = a.B * a.T / med
