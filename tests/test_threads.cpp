@@ -3,6 +3,7 @@
 // executables start with.
 #include <cblas.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -209,6 +210,21 @@ TEST(CpuThreads, AFreshProcessReExecutesOnceWithPassiveWaiting) {
             (std::vector<std::string>{"300000"}));
   EXPECT_EQ(spin_counts(run(clean + "GOMP_SPINCOUNT=1000 " ST_TRAIN_BIN " --help")),
             (std::vector<std::string>{"1000"}));
+}
+
+TEST(CpuThreads, FreedLargeBlocksLeaveTheHeap) {
+  // The executables fix glibc's mmap threshold at 1 MiB (cpu_threads.cpp): a large block is
+  // mapped, and unmapped when freed, even after larger blocks were freed before it (glibc's
+  // dynamic threshold would have risen to their size and kept this one in the heap).
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_")) GTEST_SKIP() << "MALLOC_MMAP_THRESHOLD_ is set";
+  for (size_t mib : {8, 16, 24}) {
+    std::vector<char> big(mib << 20, 1);
+    ASSERT_EQ(big[12345], 1);
+  }
+  const size_t before = mallinfo2().hblkhd;  // bytes in mmapped blocks
+  std::vector<char> block(size_t(4) << 20, 1);
+  EXPECT_GE(mallinfo2().hblkhd, before + (size_t(4) << 20));
+  ASSERT_EQ(block[4321], 1);
 }
 
 TEST(CpuThreads, BlasDescriptionNamesTheKernelsThatRun) {
