@@ -338,8 +338,7 @@ constexpr TorchVariant kTorchVariants[] = {
 TorchResult run_torch(const std::string& script, const GPT2Config& cfg, int B, int T, int steps,
                       int threads, const TorchVariant& variant) {
   // PyTorch runs as a PyTorch user runs it: OpenMP's default wait policy unless the user set
-  // one for both (a passive policy of stabletrain's doubles its 124M step here: 6.8 s against
-  // 3.3 s), and the environment's BLAS kernels, as stabletrain does.
+  // one for both, and the environment's BLAS kernels, as stabletrain does.
   const std::string env = std::string("env ") +
                           (omp_wait_policy_is_stabletrains()
                                ? "-u OMP_WAIT_POLICY -u STABLETRAIN_RUNTIME_ENV "
