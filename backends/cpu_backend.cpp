@@ -170,16 +170,10 @@ class CpuBackend : public Backend {
     if (dbias.defined()) check_shape(dbias, {OC}, "matmul dbias");
     // dinp and dweight are written by one pool of GEMM tiles (layers/matmul_cpu.cpp) while
     // dout, inp and weight are read: no output may share memory with another operand.
-    const auto overlap = [](const Tensor& a, const Tensor& b) {
-      if (!a.defined() || !b.defined()) return false;
-      const char* pa = static_cast<const char*>(a.raw());
-      const char* pb = static_cast<const char*>(b.raw());
-      return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-    };
     for (const Tensor* in : {&dout, &inp, &weight})
-      ST_CHECK(!overlap(dinp, *in) && !overlap(dweight, *in),
+      ST_CHECK(!overlaps(dinp, *in) && !overlaps(dweight, *in),
                "matmul backward: an output (dinp or dweight) overlaps an input");
-    ST_CHECK(!overlap(dinp, dweight), "matmul backward: dinp overlaps dweight");
+    ST_CHECK(!overlaps(dinp, dweight), "matmul backward: dinp overlaps dweight");
     dispatch(inp, "matmul_backward", [&](auto z) {
       using S = decltype(z);
       cpu::matmul_backward(ptr<S>(dinp), ptr<S>(dweight), ptr<S>(dbias), ptr<S>(dout),

@@ -32,20 +32,11 @@ namespace {
 // records what was set, so the new image and any child process do not re-execute, and can
 // tell a default of ours from a user's setting; any value of it present at start opts out.
 constexpr const char* kMarker = "STABLETRAIN_RUNTIME_ENV";
+constexpr const char* kOurs = "OMP_WAIT_POLICY=passive";  // the marker when the policy is ours
 
-// Whether the marker says stabletrain set `var` to the value it has now.
-bool set_by_stabletrain(const char* var) {
-  const char* marker = std::getenv(kMarker);
-  const char* value = std::getenv(var);
-  if (!marker || !value) return false;
-  const std::string want = std::string(var) + "=" + value;
-  std::string m = marker;
-  for (size_t at = 0; at <= m.size();) {
-    const size_t comma = std::min(m.find(',', at), m.size());
-    if (m.compare(at, comma - at, want) == 0) return true;
-    at = comma + 1;
-  }
-  return false;
+bool is_set(const char* var) {
+  const char* v = std::getenv(var);
+  return v && *v;
 }
 
 // glibc's malloc serves a block of 128 KiB or more by mmap, but raises that threshold to the
@@ -60,21 +51,18 @@ constexpr int kMmapThreshold = 1 << 20;
 void apply_runtime_defaults(int, char** argv, char**) {
   if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
   if (std::getenv(kMarker)) return;  // set by us before the re-exec, by a parent, or by the user
-  std::string set;
-  auto add = [&](const char* var, const char* value) {
-    setenv(var, value, 1);
-    set += std::string(set.empty() ? "" : ",") + var + "=" + value;
-  };
-  const char* omp = std::getenv("OMP_WAIT_POLICY");
-  const char* spin = std::getenv("GOMP_SPINCOUNT");
-  if (!(omp && *omp) && !(spin && *spin)) add("OMP_WAIT_POLICY", "passive");
-  setenv(kMarker, set.empty() ? "none" : set.c_str(), 1);
-  if (set.empty() || !argv || !argv[0]) return;
+  if (is_set("OMP_WAIT_POLICY") || is_set("GOMP_SPINCOUNT") || !argv || !argv[0]) {
+    setenv(kMarker, "none", 1);
+    return;
+  }
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  setenv(kMarker, kOurs, 1);
   execv("/proc/self/exe", argv);
   // Still here: the setting did not reach libgomp. Say so; omp_wait_policy_description()
   // then names what really runs.
   std::fprintf(stderr, "stabletrain: could not re-execute with %s (/proc/self/exe: %s); running "
-               "with OpenMP's default wait policy\n", set.c_str(), std::strerror(errno));
+               "with OpenMP's default wait policy\n", kOurs, std::strerror(errno));
+  unsetenv("OMP_WAIT_POLICY");
   setenv(kMarker, "none", 1);
 }
 
@@ -91,26 +79,28 @@ __attribute__((constructor(101))) static void st_runtime_defaults(int argc, char
 
 namespace st {
 
-std::string omp_wait_policy_description() {
-  const char* user = std::getenv("OMP_WAIT_POLICY");
-  const char* spin = std::getenv("GOMP_SPINCOUNT");
-  if (user && *user)
-    return std::string(user) +
-           (set_by_stabletrain("OMP_WAIT_POLICY") ? " (stabletrain's default)"
-                                                  : " (from OMP_WAIT_POLICY)");
-  if (spin && *spin) return std::string("spin count ") + spin + " (from GOMP_SPINCOUNT)";
-  return "OpenMP's default (spin, then sleep)";
+bool omp_wait_policy_is_stabletrains() {
+  const char* marker = std::getenv(kMarker);
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return marker && policy && std::strcmp(marker, kOurs) == 0 && std::strcmp(policy, "passive") == 0;
 }
 
-bool omp_wait_policy_is_stabletrains() { return set_by_stabletrain("OMP_WAIT_POLICY"); }
+std::string omp_wait_policy_description() {
+  if (is_set("OMP_WAIT_POLICY"))
+    return std::string(std::getenv("OMP_WAIT_POLICY")) +
+           (omp_wait_policy_is_stabletrains() ? " (stabletrain's default)" : " (from OMP_WAIT_POLICY)");
+  if (is_set("GOMP_SPINCOUNT"))
+    return std::string("spin count ") + std::getenv("GOMP_SPINCOUNT") + " (from GOMP_SPINCOUNT)";
+  return "OpenMP's default (spin, then sleep)";
+}
 
 std::string blas_description() {
   const std::string config = openblas_get_config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH ..."
   const size_t sp = config.find(' ', config.find(' ') + 1);
   const std::string version = config.substr(0, sp == std::string::npos ? config.size() : sp);
-  const char* core = std::getenv("OPENBLAS_CORETYPE");
-  const std::string who = core && *core ? std::string("from OPENBLAS_CORETYPE=") + core
-                                        : "OpenBLAS's choice for this CPU";
+  const std::string who = is_set("OPENBLAS_CORETYPE")
+                              ? std::string("from OPENBLAS_CORETYPE=") + std::getenv("OPENBLAS_CORETYPE")
+                              : "OpenBLAS's choice for this CPU";
   return version + ", " + blas_kernel_set() + " kernels (" + who + ")";
 }
 

@@ -111,4 +111,11 @@ void check_same(const Tensor& a, const Tensor& b, const char* what) {
            b.desc());
 }
 
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* pa = static_cast<const char*>(a.raw());
+  const auto* pb = static_cast<const char*>(b.raw());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 }  // namespace st

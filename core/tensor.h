@@ -108,5 +108,8 @@ T* Tensor::data() const {
 // Checks used at every backend entry point.
 void check_shape(const Tensor& t, const Shape& expected, const char* what);
 void check_same(const Tensor& a, const Tensor& b, const char* what);
+// Whether the bytes of a and b intersect (false for undefined or empty tensors; host or
+// device pointers alike).
+bool overlaps(const Tensor& a, const Tensor& b);
 
 }  // namespace st

@@ -91,13 +91,6 @@ void check_tokens(const Tensor& tokens, int64_t B, int64_t T, int64_t vocab_rows
 
 }  // namespace
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* pa = static_cast<const char*>(a.raw());
-  const auto* pb = static_cast<const char*>(b.raw());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 void check_device_tensor(const Tensor& t, DType dtype, const char* who, const char* what,
                          size_t align) {
   ST_CHECK(t.defined(), who, ": ", what, " is undefined");

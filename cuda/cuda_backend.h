@@ -97,8 +97,6 @@ class LtGemm {
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
-// Whether the bytes of a and b intersect (false for undefined or empty tensors).
-bool overlaps(const Tensor& a, const Tensor& b);
 // A kernel's operand: defined, on the GPU, in storage dtype, its pointer align-byte aligned;
 // otherwise one line "<who>: <what> <desc> must ...".
 void check_device_tensor(const Tensor& t, DType dtype, const char* who, const char* what,

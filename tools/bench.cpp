@@ -143,10 +143,6 @@ StepResult measure_in_child(const GPT2Config& cfg, DType prec, int B, int T, int
   return r;
 }
 
-// The best FP32 GEMM rate of the CPU backend's matmul on `threads` threads over the step's
-// own shapes (M = B*T rows; qkv, attention projection, MLP up and down, LM head), forward
-// and backward each, best of `reps` after a warm-up: the rate at which the step's matmuls
-// could all run at best, in GFLOP/s; `what` names the shape that reached it.
 // The optimizer's memory floor: FP32 AdamW reads parameters, gradients, m and v and writes
 // parameters, m and v, 7 streams of n values (28 bytes per parameter). A loop with the same
 // streams and no arithmetic to speak of (each output is its input plus the gradient), run
@@ -178,6 +174,10 @@ double optimizer_stream_floor_s(int64_t n, int threads, double& gbs, int reps = 
   return best;
 }
 
+// The best FP32 GEMM rate of the CPU backend's matmul on `threads` threads over the step's
+// own shapes (M = B*T rows; qkv, attention projection, MLP up and down, LM head), forward
+// and backward each, best of `reps` after a warm-up: the rate at which the step's matmuls
+// could all run at best, in GFLOP/s; `what` names the shape that reached it.
 double gemm_peak_gflops(const GPT2Config& cfg, int B, int T, int threads, std::string& what,
                         int reps = 3) {
   auto cpu = make_cpu_backend(threads);
@@ -322,8 +322,8 @@ struct TorchResult {
 // The PyTorch step as installed, and with glibc's malloc keeping the memory it frees. Torch's
 // CPU allocator returns every large tensor to glibc after each step; glibc unmaps blocks
 // above its mmap threshold, so every step faults the logits, activations and gradients in
-// again (measured on the 2-core VM, 2026-11-28: ~500k minor faults and 6.8 s per 124M step,
-// against ~0.1M and 1.9 s with the variables below). The second variant is what a PyTorch
+// again (measured on the 2-core VM, 2026-11-28: ~480k minor faults and 6.5 s per 124M step,
+// against ~18k and 2.1 s with the variables below). The second variant is what a PyTorch
 // user tuning for speed runs (jemalloc and tcmalloc do the same); the bench compares with both.
 struct TorchVariant {
   const char* name;
