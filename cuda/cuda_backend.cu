@@ -7,7 +7,6 @@
 // (cuda/attention_cuda.h), one per layer.
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 #include <vector>
 
 #include "backends/backends.h"
@@ -314,8 +313,8 @@ void CudaBackend::encoder_forward(const Tensor& out, const Tensor& tokens, const
                          to_int(B, "B"), to_int(T, "T"), to_int(C, "C"), s, stream_);
 }
 
-// The grouping is the CPU's (layers/encoder_cpu.cpp): positions stably sorted by token, so
-// each token's rows are summed in (b, t) order.
+// The grouping is the CPU's (layers/encoder_cpu.cpp): positions stably sorted by token (on
+// the device, cuda/encoder.cu), so each token's rows are summed in (b, t) order.
 void CudaBackend::encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                    const Tensor& tokens, DType fmt) {
   const DType s = storage_dtype(fmt);
@@ -336,27 +335,13 @@ void CudaBackend::encoder_backward(const Tensor& dwte, const Tensor& dwpe, const
   check_disjoint(dwte, dwpe, "encoder_backward");
   const int n = to_int(B * T, "B*T");
   if (n == 0 || C == 0) return;
-  const int32_t* tk = static_cast<const int32_t*>(tokens.raw());
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tk[a] < tk[b]; });
-  // One upload: order (n), starts (groups + 1), rows (groups).
-  std::vector<int32_t> starts, rows;
-  for (int i = 0; i < n; ++i) {
-    if (i == 0 || tk[order[i]] != tk[order[i - 1]]) {
-      starts.push_back(i);
-      rows.push_back(tk[order[i]]);
-    }
-  }
-  const int groups = static_cast<int>(rows.size());
-  starts.push_back(n);
-  std::vector<int32_t> host(order);
-  host.insert(host.end(), starts.begin(), starts.end());
-  host.insert(host.end(), rows.begin(), rows.end());
-  auto dev = upload_ints(host.data(), host.size());
-  const auto* d = static_cast<const int32_t*>(dev->data);
-  cudak::encoder_backward(dwte.raw(), dwpe.raw(), dout.raw(), d, d + n, d + n + groups + 1, groups,
-                          to_int(B, "B"), to_int(T, "T"), to_int(C, "C"), s, stream_);
+  // The tokens go up as in the forward; the device sorts them (no host work, no sync).
+  auto tok = upload_ints(static_cast<const int32_t*>(tokens.raw()), static_cast<size_t>(n));
+  auto scr = scratch(cudak::encoder_backward_scratch(n) * sizeof(int32_t));
+  cudak::encoder_backward(dwte.raw(), dwpe.raw(), dout.raw(), static_cast<const int32_t*>(tok->data),
+                          to_int(B, "B"), to_int(T, "T"), to_int(C, "C"),
+                          to_int(dwte.dim(0), "vocabulary rows"), s,
+                          static_cast<int32_t*>(scr->data), stream_);
 }
 
 // ---------------------------------------------------------------- layernorm

@@ -1,16 +1,20 @@
 // Token + position embedding (layers/encoder_cpu.cpp's arithmetic, bit for bit).
 // Forward: out[b,t,:] = round(wte[tok] + wpe[t]): one FP32 add, one rounding.
-// Backward, deterministic without atomics: the host (which holds the tokens) sorts the B*T
-// positions by token, stably, exactly as the CPU does, and groups equal tokens. One block
-// row per group and one thread per channel then sums that token's dout rows in FP32 in
-// (b, t) order and adds the sum to dwte once: round(dwte + sum). Distinct groups write
-// distinct rows, so no two threads touch one element. dwpe: one thread per (t, channel)
-// sums over b in order, then round(dwpe + sum). These are the CPU's sums in the CPU's order,
-// so the results are bit-identical to it.
+// Backward, deterministic without atomics and without the host: the B*T positions are
+// sorted by token on the device, stably (an LSD radix sort over the token's bytes: per tile
+// of 256 positions a digit histogram from warp ballots, one exclusive scan of the
+// digit-major histogram, a stable scatter), so each token's positions stand in (b, t)
+// order, exactly the CPU's std::stable_sort. Then one thread per channel sums one token's
+// dout rows in FP32 in that order and adds the sum to dwte once: round(dwte + sum). Distinct
+// tokens write distinct rows, so no two threads touch one element. dwpe: one thread per
+// (t, channel) sums over b in order, then round(dwpe + sum). These are the CPU's sums in the
+// CPU's order, so the results are bit-identical to it.
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
+
+#include <algorithm>
 
 namespace st::cudak {
 namespace {
@@ -34,17 +38,124 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const T* w
   }
 }
 
+// ---- the stable sort of positions by token (integer work: exact, order-free) ----
+constexpr int kSortThreads = 256;  // positions per tile; one per thread; 256 digits
+constexpr int kSortWarps = kSortThreads / 32;
+constexpr int kScanThreads = 1024;
+
+__device__ __forceinline__ int digit_of(const int32_t* keys, int i, int n, int shift) {
+  return i < n ? static_cast<int>((static_cast<uint32_t>(keys[i]) >> shift) & 255u) : -1;
+}
+
+// The lanes of this warp holding the same digit d (-1: no item), from 9 full-warp ballots
+// (every lane of the warp takes part).
+__device__ __forceinline__ unsigned peers_of(int d) {
+  unsigned m = __ballot_sync(0xffffffffu, d >= 0);
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    const bool bit = d >= 0 && ((d >> b) & 1) != 0;
+    const unsigned set = __ballot_sync(0xffffffffu, bit);
+    m &= bit ? set : ~set;
+  }
+  return d >= 0 ? m : 0u;
+}
+
+// Per-warp digit counts of one tile into wcount[warp][256] (zeroed here), and each item's
+// rank among the equal digits of its warp before it.
+__device__ __forceinline__ int tile_histogram(int (*wcount)[256], int d, int* rank_in_warp) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int k = threadIdx.x; k < kSortWarps * 256; k += kSortThreads) wcount[k / 256][k % 256] = 0;
+  __syncthreads();
+  const unsigned peers = peers_of(d);
+  *rank_in_warp = __popc(peers & ((1u << lane) - 1u));
+  // the highest lane of each group of peers writes the group's count
+  if (d >= 0 && (peers >> lane) == 1u) wcount[warp][d] = __popc(peers);
+  __syncthreads();
+  return warp;
+}
+
+// counts[d * tiles + tile] = how many positions of the tile have digit d.
+__global__ void __launch_bounds__(kSortThreads)
+    radix_count_kernel(int32_t* counts, const int32_t* keys, int n, int shift, int tiles) {
+  ST_SHARED(int, wcount, [kSortWarps][256]);
+  const int i = blockIdx.x * kSortThreads + threadIdx.x;
+  int rank;
+  tile_histogram(wcount, digit_of(keys, i, n, shift), &rank);
+  const int d = threadIdx.x;
+  int c = 0;
+  for (int w = 0; w < kSortWarps; ++w) c += wcount[w][d];
+  counts[static_cast<size_t>(d) * tiles + blockIdx.x] = c;
+}
+
+// In place: x[i] = sum of x[j] for j < i (one block; integers, so any order is exact).
+__global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(int32_t* x, int m) {
+  ST_SHARED(int, wsum, [32]);
+  const int per = (m + kScanThreads - 1) / kScanThreads;
+  const int lo = min(m, static_cast<int>(threadIdx.x) * per), hi = min(m, lo + per);
+  int s = 0;
+  for (int i = lo; i < hi; ++i) s += x[i];
+  // inclusive scan of the chunk sums: within warps, then across the warp totals
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int v = s;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  if (lane == 31) wsum[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < kScanThreads / 32 ? wsum[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += u;
+    }
+    wsum[lane] = w;
+  }
+  __syncthreads();
+  int run = v - s + (warp > 0 ? wsum[warp - 1] : 0);  // sum of everything before the chunk
+  for (int i = lo; i < hi; ++i) {
+    const int xi = x[i];
+    x[i] = run;
+    run += xi;
+  }
+}
+
+// Stable scatter of one tile: items keep their order among equal digits. vals_in null:
+// the values are the positions themselves.
+__global__ void __launch_bounds__(kSortThreads)
+    radix_scatter_kernel(int32_t* keys_out, int32_t* vals_out, const int32_t* keys_in,
+                         const int32_t* vals_in, const int32_t* offsets, int n, int shift,
+                         int tiles) {
+  ST_SHARED(int, wcount, [kSortWarps][256]);
+  const int i = blockIdx.x * kSortThreads + threadIdx.x;
+  const int d = digit_of(keys_in, i, n, shift);
+  int rank;
+  const int warp = tile_histogram(wcount, d, &rank);
+  if (d < 0) return;
+  for (int w = 0; w < warp; ++w) rank += wcount[w][d];
+  const int dst = offsets[static_cast<size_t>(d) * tiles + blockIdx.x] + rank;
+  keys_out[dst] = keys_in[i];
+  vals_out[dst] = vals_in ? vals_in[i] : i;
+}
+
+// dwte: one block row per stretch of sorted positions, one thread per channel; a group of
+// equal tokens is summed whole by the block that holds its first position.
 template <class T>
-__global__ void encoder_dwte_kernel(T* dwte, const T* dout, const int32_t* order,
-                                    const int32_t* starts, const int32_t* rows, int C) {
-  const int g = blockIdx.x;
+__global__ void encoder_dwte_kernel(T* dwte, const T* dout, const int32_t* keys,
+                                    const int32_t* pos, int n, int C) {
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  const int i0 = starts[g], i1 = starts[g + 1];
-  float acc = 0.0f;
-  for (int i = i0; i < i1; ++i) acc += to_float(dout[static_cast<size_t>(order[i]) * C + c]);
-  T* w = dwte + static_cast<size_t>(rows[g]) * C + c;
-  *w = from_float<T>(to_float(*w) + acc);
+  for (int i = blockIdx.x; i < n; i += gridDim.x) {
+    const int token = keys[i];
+    if (i > 0 && keys[i - 1] == token) continue;  // not the first of its group
+    float acc = 0.0f;
+    for (int j = i; j < n && keys[j] == token; ++j)
+      acc += to_float(dout[static_cast<size_t>(pos[j]) * C + c]);
+    T* w = dwte + static_cast<size_t>(token) * C + c;
+    *w = from_float<T>(to_float(*w) + acc);
+  }
 }
 
 template <class T>
@@ -60,6 +171,7 @@ __global__ void encoder_dwpe_kernel(T* dwpe, const T* dout, int B, int T_, int C
 
 constexpr int kThreads = 256;
 constexpr int kChannelThreads = 128;
+constexpr int kGroupBlocks = 4096;  // block rows of the dwte kernel (each strides over groups)
 
 }  // namespace
 
@@ -84,20 +196,56 @@ void encoder_forward(void* out, const int32_t* tokens, const void* wte, const vo
   });
 }
 
-void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* order,
-                      const int32_t* starts, const int32_t* rows, int groups, int B, int T, int C,
-                      DType dtype, cudaStream_t stream) {
+int sort_tiles(int n) {
+  return (n + kSortThreads - 1) / kSortThreads;
+}
+
+// Bytes of the token: 1 to 4 passes of 8 bits.
+int sort_passes(int rows) {
+  int passes = 1;
+  for (uint32_t m = static_cast<uint32_t>(rows > 0 ? rows - 1 : 0) >> 8; m; m >>= 8) ++passes;
+  return passes;
+}
+
+size_t encoder_backward_scratch(int n) {
+  return 4 * static_cast<size_t>(n) + 256 * static_cast<size_t>(sort_tiles(n));
+}
+
+void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
+                      int C, int rows, DType dtype, int32_t* scratch, cudaStream_t stream) {
   if (C == 0 || B == 0 || T == 0) return;
+  const int n = B * T;
   const unsigned ctiles = static_cast<unsigned>((C + kChannelThreads - 1) / kChannelThreads);
   ST_CHECK(ctiles <= 65535u, "encoder_backward: C = ", C, " is too wide");
+  const int tiles = sort_tiles(n);
+  ST_CHECK(256ull * static_cast<unsigned long long>(tiles) < (1ull << 31),
+           "encoder_backward: B*T = ", n, " is too large for the device sort");
+  int32_t* buf[2][2] = {{scratch, scratch + n}, {scratch + 2 * static_cast<size_t>(n),
+                                                  scratch + 3 * static_cast<size_t>(n)}};
+  int32_t* counts = scratch + 4 * static_cast<size_t>(n);
+  const int32_t* keys = tokens;
+  const int32_t* vals = nullptr;
+  const int passes = sort_passes(rows);
+  for (int p = 0; p < passes; ++p) {
+    int32_t* ko = buf[p % 2][0];
+    int32_t* vo = buf[p % 2][1];
+    cudak::launch(radix_count_kernel, static_cast<unsigned>(tiles), kSortThreads, 0, stream, counts,
+                  keys, n, 8 * p, tiles);
+    ST_CUDA_CHECK_LAUNCH("radix_count_kernel");
+    cudak::launch(exclusive_scan_kernel, 1u, kScanThreads, 0, stream, counts, 256 * tiles);
+    ST_CUDA_CHECK_LAUNCH("exclusive_scan_kernel");
+    cudak::launch(radix_scatter_kernel, static_cast<unsigned>(tiles), kSortThreads, 0, stream, ko,
+                  vo, keys, vals, counts, n, 8 * p, tiles);
+    ST_CUDA_CHECK_LAUNCH("radix_scatter_kernel");
+    keys = ko;
+    vals = vo;
+  }
+  const unsigned gblocks = static_cast<unsigned>(std::min(n, kGroupBlocks));
   dispatch_storage(dtype, "encoder_backward", [&](auto tag) {
     using T_ = typename decltype(tag)::type;
-    if (groups > 0) {
-      cudak::launch(encoder_dwte_kernel<T_>, dim3(static_cast<unsigned>(groups), ctiles),
-                    kChannelThreads, 0, stream, static_cast<T_*>(dwte),
-                    static_cast<const T_*>(dout), order, starts, rows, C);
-      ST_CUDA_CHECK_LAUNCH("encoder_dwte_kernel");
-    }
+    cudak::launch(encoder_dwte_kernel<T_>, dim3(gblocks, ctiles), kChannelThreads, 0, stream,
+                  static_cast<T_*>(dwte), static_cast<const T_*>(dout), keys, vals, n, C);
+    ST_CUDA_CHECK_LAUNCH("encoder_dwte_kernel");
     cudak::launch(encoder_dwpe_kernel<T_>, dim3(static_cast<unsigned>(T), ctiles), kChannelThreads,
                   0, stream, static_cast<T_*>(dwpe), static_cast<const T_*>(dout), B, T, C);
     ST_CUDA_CHECK_LAUNCH("encoder_dwpe_kernel");

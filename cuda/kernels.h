@@ -23,12 +23,13 @@ namespace st::cudak {
 // out (B,T,C) = round(wte[tokens] + wpe[t]); tokens: device int32 (B*T).
 void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
                      int T, int C, DType dtype, cudaStream_t stream);
-// dwte[row] += sum of dout rows of one token, in the given order; dwpe[t] += sum over b.
-// order (B*T): positions sorted by token, stable; starts (groups+1): each group's first
-// index into order; rows (groups): each group's token id. All device int32.
-void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* order,
-                      const int32_t* starts, const int32_t* rows, int groups, int B, int T, int C,
-                      DType dtype, cudaStream_t stream);
+// dwte[token] += sum of the dout rows of that token, in (b, t) order; dwpe[t] += sum over b.
+// tokens: device int32 (B*T), each in [0, rows) (rows: dwte's row count). The grouping is a
+// stable radix sort on the device (no host work, no synchronization); scratch:
+// encoder_backward_scratch(B*T) int32 of device memory.
+size_t encoder_backward_scratch(int n);
+void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
+                      int C, int rows, DType dtype, int32_t* scratch, cudaStream_t stream);
 
 // ---- layernorm.cu ----
 void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,

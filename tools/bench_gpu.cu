@@ -269,7 +269,7 @@ int run_kernels(const Timer& timer, CudaBackend& be) {
     std::vector<int32_t> tk(tokens.data<int32_t>(), tokens.data<int32_t>() + N);
     std::sort(tk.begin(), tk.end());
     const double distinct = static_cast<double>(std::unique(tk.begin(), tk.end()) - tk.begin());
-    time("encoder_backward (host sort incl.)", shape_of({B, T, C}),
+    time("encoder_backward (device sort)", shape_of({B, T, C}),
          NC * b2 + 2 * distinct * C * b2 + 2 * T * C * b2, false,
          [&] { be.encoder_backward(dwte, dwpe, out, tokens, bf); });
   }

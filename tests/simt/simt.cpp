@@ -3,6 +3,7 @@
 // access, and checks the ones that land in the running block's shared memory.
 #include "simt/simt.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 #include <deque>
 #include <map>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -89,6 +92,33 @@ struct Fiber {
   alignas(16) unsigned char out[32]{};
   std::vector<Copy> uncommitted;
   std::deque<std::vector<Copy>> groups;
+  // traffic counting: per instruction address, how often this thread executed it; the
+  // loads of the current stretch between switch points; the rounds so far (U = 2^k)
+  std::unordered_map<uintptr_t, uint32_t> occ;
+  uint32_t stretch_loads = 0;
+  // the thread's last global access, which the next one may extend (see record_global)
+  uint64_t last_end[2] = {0, 0};  // [read, write]
+  bool last_valid[2] = {false, false};
+  uint64_t rounds[LaunchTraffic::kRoundWidths] = {};
+};
+
+// One warp request: the n-th execution of one instruction by the lanes of one warp.
+struct ReqKey {
+  uintptr_t pc;
+  uint32_t occ;
+  int32_t warp;
+  bool write;
+  bool operator==(const ReqKey& o) const {
+    return pc == o.pc && occ == o.occ && warp == o.warp && write == o.write;
+  }
+};
+struct ReqHash {
+  size_t operator()(const ReqKey& k) const {
+    uint64_t h = k.pc * 0x9E3779B97F4A7C15ull ^ (uint64_t{k.occ} << 20) ^
+                 (static_cast<uint64_t>(k.warp) << 1) ^ static_cast<uint64_t>(k.write);
+    h ^= h >> 29;
+    return static_cast<size_t>(h * 0xBF58476D1CE4E5B9ull);
+  }
 };
 
 // Race record of one shared byte.
@@ -113,6 +143,16 @@ struct Runtime {
   uint64_t failures = 0;
   cudaError_t last_error = cudaSuccess;
   std::map<const void*, int> max_dyn;  // cudaFuncSetAttribute
+
+  // traffic of the launch in progress (Options::count_traffic)
+  std::vector<LaunchTraffic> tlog;
+  LaunchTraffic tcur;
+  std::unordered_map<ReqKey, std::vector<uint64_t>, ReqHash> reqs;  // this block's requests
+  std::unordered_set<uint64_t> rd_set, wr_set;                       // this launch's sectors
+  std::unordered_set<uint64_t> blk_rd;                               // this block's reads
+  uint64_t math_calls[4] = {};
+  const char* host_lo = nullptr;  // the launching thread's stack: never device memory
+  const char* host_hi = nullptr;
 
   // the launch in progress
   bool active = false, failed = false;
@@ -158,6 +198,10 @@ Runtime& rt() {
   static Runtime* r = new Runtime;  // never destroyed: hooks may run during exit
   return *r;
 }
+
+void end_stretch(Fiber* f);
+void end_block_traffic();
+void record_global(const void* p, size_t n, bool write, uintptr_t pc, bool blocking);
 
 std::string where(const Fiber* f) {
   Runtime& r = rt();
@@ -668,6 +712,10 @@ void run_block(uint3 b) {
     f.op = Op::None;
     f.uncommitted.clear();
     f.groups.clear();
+    f.occ.clear();
+    f.stretch_loads = 0;
+    f.last_valid[0] = f.last_valid[1] = false;
+    std::fill(std::begin(f.rounds), std::end(f.rounds), 0);
     f.regs.thread_idx =
         uint3{i % r.block.x, (i / r.block.x) % r.block.y, i / (r.block.x * r.block.y)};
     f.regs.block_idx = b;
@@ -696,6 +744,7 @@ void run_block(uint3 b) {
     Fiber& f = r.fibers[i];
     switch_to(&f);
     if (r.failed) break;
+    if (r.opts.count_traffic) end_stretch(&f);
     switch (f.st) {
       case St::Exited:
         --r.live;
@@ -712,6 +761,7 @@ void run_block(uint3 b) {
         break;
     }
   }
+  if (r.opts.count_traffic && !r.failed) end_block_traffic();
 }
 
 // kernel_fail from the scheduler context (warp_event) must not switch: it only records.
@@ -789,9 +839,33 @@ void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t 
   r.body = &body;
   r.active = true;
   r.rng = r.opts.schedule_seed * 0x2545F4914F6CDD1Dull + 1;
-  // block order: row-major, or a seeded permutation
-  std::vector<uint64_t> order(uint64_t{grid.x} * grid.y * grid.z);
-  for (uint64_t i = 0; i < order.size(); ++i) order[i] = i;
+  // block order: row-major, or a seeded permutation (of an even sample, with max_blocks)
+  const uint64_t total = uint64_t{grid.x} * grid.y * grid.z;
+  const uint64_t run = r.opts.max_blocks > 0 ? std::min(total, r.opts.max_blocks) : total;
+  std::vector<uint64_t> order(run);
+  for (uint64_t i = 0; i < run; ++i) order[i] = run == total ? i : i * total / run;
+  if (r.opts.count_traffic) {
+    r.tcur = LaunchTraffic{};
+    r.tcur.kernel = r.name;
+    r.tcur.blocks_total = total;
+    r.tcur.blocks_run = run;
+    r.tcur.threads_per_block = static_cast<unsigned>(threads);
+    r.reqs.clear();
+    r.rd_set.clear();
+    r.wr_set.clear();
+    std::fill(std::begin(r.math_calls), std::end(r.math_calls), 0);
+    if (!r.host_lo) {  // the launching thread's stack bounds
+      pthread_attr_t at;
+      void* lo = nullptr;
+      size_t sz = 0;
+      if (pthread_getattr_np(pthread_self(), &at) == 0) {
+        pthread_attr_getstack(&at, &lo, &sz);
+        pthread_attr_destroy(&at);
+      }
+      r.host_lo = static_cast<const char*>(lo);
+      r.host_hi = r.host_lo + sz;
+    }
+  }
   if (r.opts.schedule_seed != 0) {
     for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[splitmix(r.rng) % i]);
   }
@@ -808,6 +882,24 @@ void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t 
   }
   r.active = false;
   r.body = nullptr;
+  if (r.opts.count_traffic && !r.failed) {
+    r.tcur.unique_rd = r.rd_set.size();
+    r.tcur.unique_wr = r.wr_set.size();
+    r.tcur.calls_expf = r.math_calls[0];
+    r.tcur.calls_logf = r.math_calls[1];
+    r.tcur.calls_tanhf = r.math_calls[2];
+    r.tcur.calls_exp2f = r.math_calls[3];
+    r.tlog.push_back(r.tcur);
+  }
+}
+
+std::vector<LaunchTraffic>& traffic_log() {
+  return rt().tlog;
+}
+
+void count_math_call(int which) {
+  Runtime& r = rt();
+  if (r.opts.count_traffic && r.cur && which >= 0 && which < 4) ++r.math_calls[which];
 }
 
 void set_max_dynamic_smem(const void* kernel, int bytes) {
@@ -960,6 +1052,10 @@ void cp_async(uint32_t dst, const void* src, int cp_size, int src_size) {
                 " bytes");
   }
   f->uncommitted.push_back(Copy{dst, src, cp_size, src_size});
+  // the source read counts as traffic; the thread waits for it at cp.async.wait_group
+  if (rt().opts.count_traffic && src_size > 0)
+    record_global(src, static_cast<size_t>(src_size), false,
+                  reinterpret_cast<uintptr_t>(__builtin_return_address(0)), false);
 }
 void cp_async_commit() {
   Fiber* f = rt().cur;
@@ -979,11 +1075,101 @@ void cp_async_wait(int n) {
 }
 
 // Memory-access hooks for the kernel code (see the top of this file).
-void on_access(const void* p, size_t n, bool write) {
+// ---------------------------------------------------------------- traffic
+
+namespace {
+
+// A global access of the running thread. Accesses to the thread's own stack (locals whose
+// address the compiler keeps in memory), to the launching thread's stack (the kernel's
+// argument tuple) and to the emulator's thread registers are not device memory.
+void record_global(const void* p, size_t n, bool write, uintptr_t pc, bool blocking = true) {
+  Runtime& r = rt();
+  Fiber* f = r.cur;
+  const char* c = static_cast<const char*>(p);
+  const char* st = static_cast<const char*>(f->stack);
+  if (c >= st && c < st + kStackBytes) return;
+  if (c >= r.host_lo && c < r.host_hi) return;
+  const char* fb = reinterpret_cast<const char*>(r.fibers.data());
+  if (c >= fb && c < fb + r.fibers.size() * sizeof(Fiber)) return;
+  if (c >= reinterpret_cast<const char*>(&g_regs) &&
+      c < reinterpret_cast<const char*>(&g_regs + 1))
+    return;
+  if (n == 0) return;
+  const uint64_t a = reinterpret_cast<uintptr_t>(p);
+  // The host compiler copies a 16-byte vector (one LDG.128 / STG.128 on the GPU) element by
+  // element: an access that continues the thread's previous one of the same kind inside the
+  // same aligned 16 bytes is that instruction's next part, not a new request. (A 16-byte
+  // aligned chunk never crosses a sector, so the sector is recorded already.)
+  const int w = write ? 1 : 0;
+  if (f->last_valid[w] && a == f->last_end[w] && (a >> 4) == ((a + n - 1) >> 4) &&
+      ((a - 1) >> 4) == (a >> 4)) {
+    f->last_end[w] = a + n;
+    (write ? r.tcur.bytes_wr : r.tcur.bytes_rd) += n;
+    return;
+  }
+  f->last_valid[w] = true;
+  f->last_end[w] = a + n;
+  const uint32_t occ = f->occ[pc]++;
+  std::vector<uint64_t>& sec = r.reqs[ReqKey{pc, occ, f->warp, write}];
+  bool cold = false;  // a sector this block has not read before: a trip to L2 or DRAM
+  for (uint64_t s = a >> 5; s <= (a + n - 1) >> 5; ++s) {
+    sec.push_back(s);
+    (write ? r.wr_set : r.rd_set).insert(s);
+    if (!write) cold |= r.blk_rd.insert(s).second;
+  }
+  if (write) {
+    r.tcur.bytes_wr += n;
+  } else {
+    r.tcur.bytes_rd += n;
+    // L1 hits (sectors the block read already) do not add a round of DRAM latency
+    if (blocking && cold) ++f->stretch_loads;
+  }
+}
+
+// The running stretch of thread f ended (it reached a switch point or exited).
+void end_stretch(Fiber* f) {
+  f->last_valid[0] = f->last_valid[1] = false;
+  const uint64_t l = f->stretch_loads;
+  if (l == 0) return;
+  for (int k = 0; k < LaunchTraffic::kRoundWidths; ++k) f->rounds[k] += (l + (1u << k) - 1) >> k;
+  f->stretch_loads = 0;
+}
+
+// Fold one finished block into the launch's counts.
+void end_block_traffic() {
+  Runtime& r = rt();
+  for (auto& [key, sec] : r.reqs) {
+    std::sort(sec.begin(), sec.end());
+    const uint64_t k = static_cast<uint64_t>(std::unique(sec.begin(), sec.end()) - sec.begin());
+    if (key.write) {
+      ++r.tcur.requests_wr;
+      r.tcur.sectors_wr += k;
+    } else {
+      ++r.tcur.requests_rd;
+      r.tcur.sectors_rd += k;
+    }
+  }
+  r.reqs.clear();
+  r.blk_rd.clear();
+  for (int i = 0; i < r.nthreads; ++i) {
+    Fiber& f = r.fibers[i];
+    end_stretch(&f);
+    for (int k = 0; k < LaunchTraffic::kRoundWidths; ++k)
+      r.tcur.rounds[k] = std::max(r.tcur.rounds[k], f.rounds[k]);
+  }
+  r.tcur.smem_bytes = r.dyn + r.static_bytes;
+}
+
+}  // namespace
+
+void on_access(const void* p, size_t n, bool write, uintptr_t pc) {
   Runtime& r = rt();
   if (!r.cur || r.failed) return;
   const size_t off = offset_of(p);
-  if (off >= kSmemSpace) return;  // not shared memory
+  if (off >= kSmemSpace) {  // not shared memory
+    if (r.opts.count_traffic) record_global(p, n, write, pc);
+    return;
+  }
   check_access(r.cur, off, n, write);
   if (r.failed) kernel_fail(r.last_failure);
 }
@@ -1107,24 +1293,25 @@ void __tsan_func_entry(void*) {}
 void __tsan_func_exit() {}
 void __tsan_vptr_update(void**, void*) {}
 void __tsan_vptr_read(void**) {}
-#define SIMT_HOOK(n)                        \
-  void __tsan_read##n(void* p) {            \
-    simt::on_access(p, n, false);           \
-  }                                         \
-  void __tsan_write##n(void* p) {           \
-    simt::on_access(p, n, true);            \
-  }                                         \
-  void __tsan_unaligned_read##n(void* p) {  \
-    simt::on_access(p, n, false);           \
-  }                                         \
-  void __tsan_unaligned_write##n(void* p) { \
-    simt::on_access(p, n, true);            \
-  }                                         \
-  void __tsan_volatile_read##n(void* p) {   \
-    simt::on_access(p, n, false);           \
-  }                                         \
-  void __tsan_volatile_write##n(void* p) {  \
-    simt::on_access(p, n, true);            \
+#define SIMT_PC reinterpret_cast<uintptr_t>(__builtin_return_address(0))
+#define SIMT_HOOK(n)                                 \
+  void __tsan_read##n(void* p) {                     \
+    simt::on_access(p, n, false, SIMT_PC);           \
+  }                                                  \
+  void __tsan_write##n(void* p) {                    \
+    simt::on_access(p, n, true, SIMT_PC);            \
+  }                                                  \
+  void __tsan_unaligned_read##n(void* p) {           \
+    simt::on_access(p, n, false, SIMT_PC);           \
+  }                                                  \
+  void __tsan_unaligned_write##n(void* p) {          \
+    simt::on_access(p, n, true, SIMT_PC);            \
+  }                                                  \
+  void __tsan_volatile_read##n(void* p) {            \
+    simt::on_access(p, n, false, SIMT_PC);           \
+  }                                                  \
+  void __tsan_volatile_write##n(void* p) {           \
+    simt::on_access(p, n, true, SIMT_PC);            \
   }
 SIMT_HOOK(1)
 SIMT_HOOK(2)
@@ -1133,9 +1320,10 @@ SIMT_HOOK(8)
 SIMT_HOOK(16)
 #undef SIMT_HOOK
 void __tsan_read_range(void* p, unsigned long n) {
-  simt::on_access(p, n, false);
+  simt::on_access(p, n, false, SIMT_PC);
 }
 void __tsan_write_range(void* p, unsigned long n) {
-  simt::on_access(p, n, true);
+  simt::on_access(p, n, true, SIMT_PC);
 }
+#undef SIMT_PC
 }

@@ -34,6 +34,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // ------------------------------------------------------------------ CUDA vocabulary
 
@@ -91,8 +92,41 @@ struct Options {
   uint64_t schedule_seed = 0;  // 0: round-robin in thread order; else seeded random choice
   bool check_races = true;
   bool check_uninit = true;
+  bool count_traffic = false;  // record global-memory traffic (traffic_log())
+  uint64_t max_blocks = 0;     // > 0: run at most this many blocks of a launch (evenly spread)
 };
 Options& options();
+
+// ---- global-memory traffic of launches (the cost model's input; tests/simt/cost/)
+// With Options::count_traffic set, every global access of the instrumented kernel code (and
+// every cp.async source) is recorded. Lanes of one warp that execute the same instruction
+// (the hook's caller address) for the same n-th time form one warp request, as on the GPU;
+// a request touches the 32-byte sectors its lanes' bytes fall in, so an uncoalesced request
+// costs as many sectors as it does on the GPU. Each launch appends one LaunchTraffic.
+// Options::max_blocks > 0 runs only that many blocks of a larger grid, spread evenly over
+// it (same order for every seed); the counts are those of the blocks run, and
+// blocks_run / blocks_total says how much to scale them.
+struct LaunchTraffic {
+  std::string kernel;                  // the kernel's parameter types (as in failures)
+  uint64_t blocks_total = 0, blocks_run = 0;
+  unsigned threads_per_block = 0;      // blockDim.x * y * z
+  size_t smem_bytes = 0;               // static + dynamic shared memory of one block
+  uint64_t requests_rd = 0, requests_wr = 0;  // warp requests
+  uint64_t sectors_rd = 0, sectors_wr = 0;    // sectors summed over requests
+  uint64_t unique_rd = 0, unique_wr = 0;      // distinct sectors read / written
+  uint64_t bytes_rd = 0, bytes_wr = 0;        // bytes the lanes asked for
+  // Dependent memory rounds of the slowest thread: a thread's global loads between two
+  // switch points (barriers, warp collectives, exit) may be in flight together, up to U at a
+  // time, so a stretch with n loads costs ceil(n / U) rounds; rounds[k] uses U = 2^k. Only
+  // loads that touch a sector the block has not read yet count (others are L1 hits).
+  static constexpr int kRoundWidths = 5;  // U = 1, 2, 4, 8, 16
+  uint64_t rounds[kRoundWidths] = {};
+  // Calls of the FP32 transcendental functions (expf, logf, tanhf, exp2f) by all threads
+  // run, counted only in the kernel sources compiled with tests/simt/count_math.h.
+  uint64_t calls_expf = 0, calls_logf = 0, calls_tanhf = 0, calls_exp2f = 0;
+};
+std::vector<LaunchTraffic>& traffic_log();
+void count_math_call(int which);  // 0 expf, 1 logf, 2 tanhf, 3 exp2f (count_math.h)
 
 // Errors: the first failure of the last failing launch, and a count of failed launches.
 const std::string& last_failure();
@@ -203,6 +237,9 @@ inline int __any_sync(unsigned mask, int p) {
 }
 inline int __all_sync(unsigned mask, int p) {
   return static_cast<int>(::simt::vote(mask, p != 0, 2));
+}
+inline int __popc(unsigned x) {
+  return __builtin_popcount(x);
 }
 inline size_t __cvta_generic_to_shared(const void* p) {
   return ::simt::shared_address(p);

@@ -120,30 +120,48 @@ TEST_P(SimtKernels, Encoder) {
   });
   compare("encoder_forward out", got[0], values(out), f, kExact);
 
-  // backward: the host prepares the token groups as CudaBackend::encoder_backward does
-  auto dwte0 = randv(size_t{V} * C, f, 3, 0.01), dwpe0 = randv(size_t{T} * C, f, 4, 0.01);
-  auto dout = randv(size_t{B} * T * C, f, 5, 0.1);
-  Tensor dwte = host(dwte0, {V, C}), dwpe = host(dwpe0, {T, C});
-  cpu_->encoder_backward(dwte, dwpe, host(dout, {B, T, C}), tok, f);
-  std::vector<int32_t> order(B * T), starts, rows;
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tk[a] < tk[b]; });
-  for (int i = 0; i < B * T; ++i) {
-    if (i == 0 || tk[order[i]] != tk[order[i - 1]]) {
-      starts.push_back(i);
-      rows.push_back(tk[order[i]]);
+}
+
+// The backward groups the positions by token with a stable radix sort on the device (1 to
+// 3 passes of 8 bits here); the sums are then the CPU's, in the CPU's order: exact. Shapes:
+// one partial tile, several tiles with a partial last one, a single position, tokens past
+// 2^16 (three passes) with one token filling most of the batch.
+TEST_P(SimtKernels, EncoderBackwardSortsOnTheDevice) {
+  const DType f = GetParam();
+  struct Case {
+    int B, T, C, V;
+    int pattern;  // 0: strided repeats, 1: few distinct tokens, 2: one token dominating
+  };
+  for (const Case& k : {Case{3, 37, 100, 67, 0}, Case{4, 300, 40, 1000, 1}, Case{1, 1, 8, 3, 0},
+                        Case{2, 150, 16, 70000, 2}}) {
+    const int n = k.B * k.T;
+    Tensor tok = Tensor::empty({k.B, k.T}, DType::I32);
+    int32_t* tk = static_cast<int32_t*>(tok.raw());
+    Rng r(static_cast<uint64_t>(k.V));
+    for (int i = 0; i < n; ++i) {
+      if (k.pattern == 0) tk[i] = (i * 7919) % 11 == 0 ? k.V - 1 : (i * 31) % k.V;
+      if (k.pattern == 1) tk[i] = i % 3 == 0 ? static_cast<int32_t>(r.below(40)) * 23 + 7
+                                             : static_cast<int32_t>(r.below(k.V));
+      if (k.pattern == 2) tk[i] = i % 5 == 4 ? static_cast<int32_t>(r.below(k.V)) : 65537;
     }
+    SCOPED_TRACE("B=" + std::to_string(k.B) + " T=" + std::to_string(k.T) +
+                 " V=" + std::to_string(k.V));
+    auto dwte0 = randv(size_t(k.V) * k.C, f, 3, 0.01), dwpe0 = randv(size_t(k.T) * k.C, f, 4, 0.01);
+    auto dout = randv(size_t(n) * k.C, f, 5, 0.1);
+    Tensor dwte = host(dwte0, {k.V, k.C}), dwpe = host(dwpe0, {k.T, k.C});
+    cpu_->encoder_backward(dwte, dwpe, host(dout, {k.B, k.T, k.C}), tok, f);
+    auto g2 = two_schedules([&] {
+      Buf a = dev(dwte0, f), b = dev(dwpe0, f), d = dev(dout, f), t(DType::I32, n);
+      std::memcpy(t.p(), tk, size_t(n) * 4);
+      Buf scratch(DType::I32, cudak::encoder_backward_scratch(n));
+      cudak::encoder_backward(a.p(), b.p(), d.p(), static_cast<const int32_t*>(t.p()), k.B, k.T, k.C,
+                              k.V, f, static_cast<int32_t*>(scratch.p()), nullptr);
+      return std::vector<Buf>{a, b};
+    });
+    // The same sums in the same order as the CPU: exact.
+    compare("encoder_backward dwte", g2[0], values(dwte), f, kExact);
+    compare("encoder_backward dwpe", g2[1], values(dwpe), f, kExact);
   }
-  starts.push_back(B * T);
-  auto g2 = two_schedules([&] {
-    Buf a = dev(dwte0, f), b = dev(dwpe0, f), d = dev(dout, f);
-    cudak::encoder_backward(a.p(), b.p(), d.p(), order.data(), starts.data(), rows.data(),
-                            static_cast<int>(rows.size()), B, T, C, f, nullptr);
-    return std::vector<Buf>{a, b};
-  });
-  // The same sums in the same order as the CPU: exact.
-  compare("encoder_backward dwte", g2[0], values(dwte), f, kExact);
-  compare("encoder_backward dwpe", g2[1], values(dwpe), f, kExact);
 }
 
 // ---------------------------------------------------------------- layernorm

@@ -1,0 +1,268 @@
+// The emulator's traffic counter and the cost model built on it (label emu): warp requests
+// and the 32-byte sectors they touch on hand-worked access patterns (coalesced, strided,
+// broadcast, 16-byte vectors, several warps and iterations), the dependent memory rounds
+// between switch points, block sampling, counted math calls; the model's terms on a
+// hand-worked launch; and the fit recovering known parameters from rows made with them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cuda/launch.cuh"
+#include "simt/count_math.h"
+#include "simt/cost/cost_model.h"
+#include "simt/simt.h"
+
+namespace {
+
+using st::cudak::launch;
+
+// Runs f with traffic counting on; returns the one launch it made.
+template <class F>
+simt::LaunchTraffic traced(F&& f, uint64_t max_blocks = 0) {
+  simt::traffic_log().clear();
+  simt::options().count_traffic = true;
+  simt::options().max_blocks = max_blocks;
+  f();
+  simt::options().count_traffic = false;
+  simt::options().max_blocks = 0;
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << simt::last_failure();
+  EXPECT_EQ(simt::traffic_log().size(), 1u);
+  return simt::traffic_log().empty() ? simt::LaunchTraffic{} : simt::traffic_log().back();
+}
+
+struct alignas(16) Vec16 {
+  float v[4];
+};
+
+__global__ void copy_strided(float* y, const float* x, int stride) {
+  y[threadIdx.x] = x[threadIdx.x * stride];
+}
+__global__ void read_broadcast(float* y, const float* x) {
+  y[threadIdx.x] = x[0];
+}
+__global__ void copy_vec16(Vec16* y, const Vec16* x) {
+  y[threadIdx.x] = x[threadIdx.x];
+}
+// Eight 2-byte elements per lane, copied one by one: on the GPU one 16-byte access each.
+__global__ void copy_halves(uint16_t* y, const uint16_t* x) {
+  for (int k = 0; k < 8; ++k) y[threadIdx.x * 8 + k] = x[threadIdx.x * 8 + k];
+}
+// 64 threads (two warps), three iterations each: x[i * 64 + tid].
+__global__ void copy_loop(float* y, const float* x) {
+  float s = 0;
+  for (int i = 0; i < 3; ++i) s += x[i * 64 + threadIdx.x];
+  y[threadIdx.x] = s;
+}
+// 3 loads, a barrier, 5 loads, then stores (which never count as rounds).
+__global__ void two_stretches(float* y, const float* x) {
+  float s = 0;
+  for (int i = 0; i < 3; ++i) s += x[i * 32 + threadIdx.x];
+  __syncthreads();
+  for (int i = 3; i < 8; ++i) s += x[i * 32 + threadIdx.x];
+  y[threadIdx.x] = s;
+  y[32 + threadIdx.x] = s;
+}
+__global__ void per_block(float* y, const float* x) {
+  y[blockIdx.x * 32 + threadIdx.x] = x[blockIdx.x * 32 + threadIdx.x];
+}
+__global__ void with_math(float* y, const float* x) {
+  y[threadIdx.x] = expf(x[threadIdx.x]) + tanhf(x[threadIdx.x]);
+}
+
+alignas(128) float g_x[4096];
+alignas(128) float g_y[4096];
+
+TEST(SimtTraffic, ACoalescedWarpReadIsOneRequestOfFourSectors) {
+  const auto t = traced([] { launch(copy_strided, 1, 32, 0, nullptr, g_y, g_x, 1); });
+  EXPECT_EQ(t.requests_rd, 1u);
+  EXPECT_EQ(t.sectors_rd, 4u);  // 32 lanes x 4 bytes = 128 bytes = 4 sectors
+  EXPECT_EQ(t.unique_rd, 4u);
+  EXPECT_EQ(t.bytes_rd, 128u);
+  EXPECT_EQ(t.requests_wr, 1u);
+  EXPECT_EQ(t.sectors_wr, 4u);
+  EXPECT_EQ(t.blocks_total, 1u);
+  EXPECT_EQ(t.threads_per_block, 32u);
+}
+
+TEST(SimtTraffic, A32ByteStrideCostsASectorPerLane) {
+  const auto t = traced([] { launch(copy_strided, 1, 32, 0, nullptr, g_y, g_x, 8); });
+  EXPECT_EQ(t.requests_rd, 1u);
+  EXPECT_EQ(t.sectors_rd, 32u);
+  EXPECT_EQ(t.bytes_rd, 128u);  // the same bytes asked for, 8x the sectors
+  const auto t2 = traced([] { launch(copy_strided, 1, 32, 0, nullptr, g_y, g_x, 2); });
+  EXPECT_EQ(t2.sectors_rd, 8u);  // 8-byte stride: 256 bytes spanned
+}
+
+TEST(SimtTraffic, ABroadcastIsOneSector) {
+  const auto t = traced([] { launch(read_broadcast, 1, 32, 0, nullptr, g_y, g_x); });
+  EXPECT_EQ(t.requests_rd, 1u);
+  EXPECT_EQ(t.sectors_rd, 1u);
+  EXPECT_EQ(t.unique_rd, 1u);
+}
+
+TEST(SimtTraffic, SixteenByteVectorsTouchSixteenSectorsPerWarp) {
+  static Vec16 x[64], y[64];
+  const auto t = traced([] { launch(copy_vec16, 1, 32, 0, nullptr, y, x); });
+  EXPECT_EQ(t.bytes_rd, 512u);
+  EXPECT_EQ(t.sectors_rd, 16u);
+  EXPECT_EQ(t.unique_rd, 16u);
+  EXPECT_EQ(t.unique_wr, 16u);
+}
+
+TEST(SimtTraffic, AVectorCopiedElementByElementIsOneRequest) {
+  alignas(128) static uint16_t x[512], y[512];
+  const auto t = traced([] { launch(copy_halves, 1, 32, 0, nullptr, y, x); });
+  EXPECT_EQ(t.requests_rd, 1u);
+  EXPECT_EQ(t.requests_wr, 1u);
+  EXPECT_EQ(t.sectors_rd, 16u);
+  EXPECT_EQ(t.bytes_rd, 512u);
+  EXPECT_EQ(t.rounds[0], 1u);  // one load instruction
+}
+
+TEST(SimtTraffic, RequestsAreCountedPerWarpAndPerExecution) {
+  const auto t = traced([] { launch(copy_loop, 1, 64, 0, nullptr, g_y, g_x); });
+  EXPECT_EQ(t.requests_rd, 6u);  // 2 warps x 3 iterations
+  EXPECT_EQ(t.sectors_rd, 24u);
+  EXPECT_EQ(t.unique_rd, 24u);  // 3 x 64 floats = 768 bytes
+  EXPECT_EQ(t.requests_wr, 2u);
+  // one stretch of 3 loads: rounds 3, 2, 1, 1, 1 for U = 1, 2, 4, 8, 16
+  EXPECT_EQ(t.rounds[0], 3u);
+  EXPECT_EQ(t.rounds[1], 2u);
+  EXPECT_EQ(t.rounds[2], 1u);
+  EXPECT_EQ(t.rounds[4], 1u);
+}
+
+TEST(SimtTraffic, ABarrierEndsAStretchOfLoads) {
+  const auto t = traced([] { launch(two_stretches, 1, 32, 0, nullptr, g_y, g_x); });
+  EXPECT_EQ(t.rounds[0], 8u);  // 3 + 5
+  EXPECT_EQ(t.rounds[1], 5u);  // 2 + 3
+  EXPECT_EQ(t.rounds[2], 3u);  // 1 + 2
+  EXPECT_EQ(t.rounds[3], 2u);  // 1 + 1
+  EXPECT_EQ(t.rounds[4], 2u);
+  EXPECT_EQ(t.requests_wr, 2u);
+  EXPECT_EQ(t.unique_wr, 8u);
+}
+
+TEST(SimtTraffic, MaxBlocksRunsAnEvenSample) {
+  const auto t = traced([] { launch(per_block, 100, 32, 0, nullptr, g_y, g_x); }, 10);
+  EXPECT_EQ(t.blocks_total, 100u);
+  EXPECT_EQ(t.blocks_run, 10u);
+  EXPECT_EQ(t.requests_rd, 10u);
+  EXPECT_EQ(t.unique_rd, 40u);
+  // blocks 0, 10, 20, ...: block 10's element 320 was written, block 5's (160) was not
+  g_y[320] = g_y[160] = -1.0f;
+  g_x[320] = 7.0f;
+  g_x[160] = 9.0f;
+  traced([] { launch(per_block, 100, 32, 0, nullptr, g_y, g_x); }, 10);
+  EXPECT_EQ(g_y[320], 7.0f);
+  EXPECT_EQ(g_y[160], -1.0f);
+}
+
+TEST(SimtTraffic, MathCallsAreCountedPerThread) {
+  const auto t = traced([] { launch(with_math, 1, 32, 0, nullptr, g_y, g_x); });
+  EXPECT_EQ(t.calls_expf, 32u);
+  EXPECT_EQ(t.calls_tanhf, 32u);
+  EXPECT_EQ(t.calls_logf, 0u);
+}
+
+TEST(SimtTraffic, NothingIsCountedWhenOff) {
+  simt::traffic_log().clear();
+  launch(copy_strided, 1, 32, 0, nullptr, g_y, g_x, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_TRUE(simt::traffic_log().empty());
+}
+
+// ---------------------------------------------------------------- the model
+
+TEST(CostModel, OccupancyFromThreadsAndSharedMemory) {
+  const st::cost::Gpu g;
+  EXPECT_EQ(st::cost::blocks_per_sm(g, 256, 0), 8);
+  EXPECT_EQ(st::cost::blocks_per_sm(g, 1024, 0), 2);
+  EXPECT_EQ(st::cost::blocks_per_sm(g, 32, 0), 32);  // the block limit, not 64
+  EXPECT_EQ(st::cost::blocks_per_sm(g, 128, 100 * 1024), 2);  // 228 KB / (100 KB + 1 KB)
+  EXPECT_EQ(st::cost::blocks_per_sm(g, 100, 0), 16);  // 100 threads take 4 warps: 2048 / 128
+}
+
+TEST(CostModel, HandWorkedLaunch) {
+  // 2640 blocks of 256 threads (8 per SM: 2.5 waves -> 3), 1e6 sectors each way over all
+  // blocks (half the grid emulated, so the counts scale by 2), 4 rounds at U = 4,
+  // 1e6 expf calls in the emulated half.
+  simt::LaunchTraffic l;
+  l.blocks_total = 2640;
+  l.blocks_run = 1320;
+  l.threads_per_block = 256;
+  l.unique_rd = 250000;
+  l.unique_wr = 250000;
+  l.rounds[2] = 4;
+  l.calls_expf = 1000000;
+  const st::cost::Gpu g;
+  st::cost::Params p;
+  p.t_launch_us = 2;
+  p.latency_us = 1;
+  p.u_log2 = 2;
+  p.k_math = 0.5;
+  p.overlap = 0.5;
+  const st::cost::MathCost m{10, 0, 0, 0};
+  const auto k = st::cost::predict_kernel(l, g, p, m);
+  EXPECT_DOUBLE_EQ(k.dram_bytes, 32e6);
+  EXPECT_NEAR(k.t_dram, 32e6 / 4174e3, 1e-9);  // 7.667 us
+  EXPECT_EQ(k.blocks_per_sm, 8);
+  EXPECT_DOUBLE_EQ(k.waves, 3.0);
+  EXPECT_DOUBLE_EQ(k.t_latency, 12.0);  // 3 waves x 4 rounds x 1 us: latency-bound
+  const double lanes_per_us = 132 * 128 * 1.98e3;
+  EXPECT_NEAR(k.t_math, 2e6 * 10 / (0.5 * lanes_per_us), 1e-9);
+  EXPECT_DOUBLE_EQ(k.t_issue, 0.0);  // no requests recorded
+  // launch + the longer term + half the shorter one + math
+  EXPECT_NEAR(k.t, 2 + 12 + 0.5 * (32e6 / 4174e3) + k.t_math, 1e-9);
+  l.requests_rd = 66000000;  // 2 x 66e6 requests / (132 SMs x 1000 per us) = 1000 us
+  const auto k2 = st::cost::predict_kernel(l, g, p, m);
+  EXPECT_NEAR(k2.t_issue, 1000.0, 1e-9);
+  EXPECT_NEAR(k2.t, 2 + 1000 + 0.5 * 12 + k.t_math, 1e-9);  // request-bound
+}
+
+TEST(CostModel, TheFitRecoversTheParametersRowsWereMadeWith) {
+  const st::cost::Gpu g;
+  const st::cost::MathCost m{20, 40, 25, 1};
+  st::cost::Params truth;
+  truth.t_launch_us = 2.5;
+  truth.latency_us = 0.7;
+  truth.u_log2 = 3;
+  truth.k_math = 0.4;
+  truth.t_upload_us = 6;
+  truth.t_fetch_us = 9;
+  truth.overlap = 0.4;
+  truth.req_per_us = 1000;
+  std::vector<st::cost::Row> rows;
+  auto launch_of = [](uint64_t blocks, uint64_t sectors, uint64_t r3, uint64_t r2, uint64_t ex) {
+    simt::LaunchTraffic l;
+    l.blocks_total = l.blocks_run = blocks;
+    l.threads_per_block = 256;
+    l.unique_rd = sectors;
+    for (int k = 0; k < simt::LaunchTraffic::kRoundWidths; ++k) l.rounds[k] = k == 3 ? r3 : r2;
+    l.calls_expf = ex;
+    return l;
+  };
+  // bandwidth-, latency-, math-, launch-, upload- and fetch-dominated rows
+  const uint64_t spec[][6] = {{8192, 4000000, 1, 1, 0, 0},    {1056, 10000, 40, 80, 0, 0},
+                              {2112, 100000, 6, 11, 0, 0},    {1024, 300000, 2, 3, 30000000, 0},
+                              {1, 10, 1, 1, 0, 1},            {132, 50000, 2, 4, 0, 2},
+                              {33792, 2000000, 3, 5, 1000000, 0}, {264, 1000, 1, 2, 0, 0}};
+  for (const auto& s : spec) {
+    st::cost::Row r;
+    r.launches.push_back(launch_of(s[0], s[1], s[2], s[3], s[4]));
+    if (s[5] == 1) r.uploads = 1;
+    if (s[5] == 2) r.fetches = 1;
+    r.measured_us = st::cost::predict_row(r, g, truth, m);
+    rows.push_back(r);
+  }
+  const st::cost::Params p = st::cost::fit(rows, g, m);
+  // a coordinate search over 8 parameters: close, not exact
+  EXPECT_LT(st::cost::max_abs_log_error(rows, g, p, m), 0.03);
+  EXPECT_EQ(p.u_log2, 3);
+  EXPECT_NEAR(p.latency_us, truth.latency_us, 0.1 * truth.latency_us);
+  EXPECT_NEAR(p.t_launch_us, truth.t_launch_us, 0.1 * truth.t_launch_us);
+}
+
+}  // namespace
