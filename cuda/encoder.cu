@@ -4,11 +4,14 @@
 // sorted by token on the device, stably (an LSD radix sort over the token's bytes: per tile
 // of 256 positions a digit histogram from warp ballots, one exclusive scan of the
 // digit-major histogram, a stable scatter), so each token's positions stand in (b, t)
-// order, exactly the CPU's std::stable_sort. Then one thread per channel sums one token's
-// dout rows in FP32 in that order and adds the sum to dwte once: round(dwte + sum). Distinct
-// tokens write distinct rows, so no two threads touch one element. dwpe: one thread per
-// (t, channel) sums over b in order, then round(dwpe + sum). These are the CPU's sums in the
-// CPU's order, so the results are bit-identical to it.
+// order, exactly the CPU's std::stable_sort. Then one warp per token group (its lanes on
+// 16-byte vectors of channels) sums the token's dout rows in FP32 in that order, channel by
+// channel, and adds the sums to dwte once: round(dwte + sum). Distinct tokens write distinct
+// rows, so no two threads touch one element. dwpe: one thread per (t, vector of channels)
+// sums over b in order, then round(dwpe + sum). These are the CPU's sums in the CPU's order,
+// so the results are bit-identical to it. (The first version, one thread per channel with
+// 2-byte loads, was predicted request- and latency-bound by tests/simt/cost; this one is the
+// model's answer.)
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.h"
@@ -140,38 +143,64 @@ __global__ void __launch_bounds__(kSortThreads)
   vals_out[dst] = vals_in ? vals_in[i] : i;
 }
 
-// dwte: one block row per stretch of sorted positions, one thread per channel; a group of
-// equal tokens is summed whole by the block that holds its first position.
-template <class T>
+// dwte: one warp per sorted position (a grid-stride loop over warps); the warp holding the
+// first position of a group of equal tokens sums the group, its lanes covering the channels
+// in vectors of V elements (16-byte loads and stores when V > 1). Each channel's sum runs
+// over the group's positions in order from 0.0f, then round(dwte + sum): the CPU's.
+template <class T, int V>
 __global__ void encoder_dwte_kernel(T* dwte, const T* dout, const int32_t* keys,
                                     const int32_t* pos, int n, int C) {
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int i = blockIdx.x; i < n; i += gridDim.x) {
+  const int lane = threadIdx.x % 32;
+  const int warps = static_cast<int>(gridDim.x * (blockDim.x / 32));
+  for (int i = static_cast<int>(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32); i < n;
+       i += warps) {
     const int token = keys[i];
     if (i > 0 && keys[i - 1] == token) continue;  // not the first of its group
-    float acc = 0.0f;
-    for (int j = i; j < n && keys[j] == token; ++j)
-      acc += to_float(dout[static_cast<size_t>(pos[j]) * C + c]);
-    T* w = dwte + static_cast<size_t>(token) * C + c;
-    *w = from_float<T>(to_float(*w) + acc);
+    int end = i + 1;
+    while (end < n && keys[end] == token) ++end;
+    T* w = dwte + static_cast<size_t>(token) * C;
+    for (int c = lane * V; c < C; c += 32 * V) {
+      float acc[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+      for (int j = i; j < end; ++j) {
+        const Vec<T, V> d = load_vec<V>(dout + static_cast<size_t>(pos[j]) * C + c);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += to_float(d.v[k]);
+      }
+      Vec<T, V> wv = load_vec<V>(w + c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) wv.v[k] = from_float<T>(to_float(wv.v[k]) + acc[k]);
+      store_vec<V>(w + c, wv);
+    }
   }
 }
 
-template <class T>
+// dwpe: one thread per (t, vector of V channels) sums over b in order, then
+// round(dwpe + sum).
+template <class T, int V>
 __global__ void encoder_dwpe_kernel(T* dwpe, const T* dout, int B, int T_, int C) {
   const int t = blockIdx.x;
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int c = (blockIdx.y * blockDim.x + threadIdx.x) * V;
   if (c >= C) return;
-  float acc = 0.0f;
-  for (int b = 0; b < B; ++b) acc += to_float(dout[(static_cast<size_t>(b) * T_ + t) * C + c]);
+  float acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+  for (int b = 0; b < B; ++b) {
+    const Vec<T, V> d = load_vec<V>(dout + (static_cast<size_t>(b) * T_ + t) * C + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] += to_float(d.v[k]);
+  }
   T* w = dwpe + static_cast<size_t>(t) * C + c;
-  *w = from_float<T>(to_float(*w) + acc);
+  Vec<T, V> wv = load_vec<V>(w);
+#pragma unroll
+  for (int k = 0; k < V; ++k) wv.v[k] = from_float<T>(to_float(wv.v[k]) + acc[k]);
+  store_vec<V>(w, wv);
 }
 
 constexpr int kThreads = 256;
 constexpr int kChannelThreads = 128;
-constexpr int kGroupBlocks = 4096;  // block rows of the dwte kernel (each strides over groups)
+constexpr int kGroupBlocks = 4096;  // blocks of the dwte kernel (its warps stride over positions)
 
 }  // namespace
 
@@ -240,14 +269,34 @@ void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* t
     keys = ko;
     vals = vo;
   }
-  const unsigned gblocks = static_cast<unsigned>(std::min(n, kGroupBlocks));
+  constexpr int kWarpsPerBlock = kChannelThreads / 32;
+  const unsigned gblocks =
+      static_cast<unsigned>(std::min((n + kWarpsPerBlock - 1) / kWarpsPerBlock, kGroupBlocks));
   dispatch_storage(dtype, "encoder_backward", [&](auto tag) {
     using T_ = typename decltype(tag)::type;
-    cudak::launch(encoder_dwte_kernel<T_>, dim3(gblocks, ctiles), kChannelThreads, 0, stream,
-                  static_cast<T_*>(dwte), static_cast<const T_*>(dout), keys, vals, n, C);
+    constexpr int W = kWide<T_>;
+    auto* wte = static_cast<T_*>(dwte);
+    auto* wpe = static_cast<T_*>(dwpe);
+    const auto* d = static_cast<const T_*>(dout);
+    const bool wide = C % W == 0 && aligned16(dwte) && aligned16(dwpe) && aligned16(dout);
+    if (wide) {
+      cudak::launch(encoder_dwte_kernel<T_, W>, gblocks, kChannelThreads, 0, stream, wte, d, keys,
+                    vals, n, C);
+    } else {
+      cudak::launch(encoder_dwte_kernel<T_, 1>, gblocks, kChannelThreads, 0, stream, wte, d, keys,
+                    vals, n, C);
+    }
     ST_CUDA_CHECK_LAUNCH("encoder_dwte_kernel");
-    cudak::launch(encoder_dwpe_kernel<T_>, dim3(static_cast<unsigned>(T), ctiles), kChannelThreads,
-                  0, stream, static_cast<T_*>(dwpe), static_cast<const T_*>(dout), B, T, C);
+    const int V = wide ? W : 1;
+    const unsigned vtiles =
+        static_cast<unsigned>((C / V + kChannelThreads - 1) / kChannelThreads);
+    if (wide) {
+      cudak::launch(encoder_dwpe_kernel<T_, W>, dim3(static_cast<unsigned>(T), vtiles),
+                    kChannelThreads, 0, stream, wpe, d, B, T, C);
+    } else {
+      cudak::launch(encoder_dwpe_kernel<T_, 1>, dim3(static_cast<unsigned>(T), vtiles),
+                    kChannelThreads, 0, stream, wpe, d, B, T, C);
+    }
     ST_CUDA_CHECK_LAUNCH("encoder_dwpe_kernel");
   });
 }

@@ -722,6 +722,11 @@ void run_block(uint3 b) {
     f.regs.block_dim = r.block;
     f.regs.grid_dim = r.grid;
     f.stack = stack_for(i);
+#if SIMT_ASAN
+    // A fiber that exited left its last frames' redzones poisoned on this stack (it is never
+    // resumed, so they are never unwound): a fresh fiber starts on clean memory.
+    ASAN_UNPOISON_MEMORY_REGION(f.stack, kStackBytes);
+#endif
     f.ctx = make_fcontext(static_cast<char*>(f.stack) + kStackBytes, kStackBytes, fiber_entry);
     r.ready.push_back(i);
   }
