@@ -1119,7 +1119,12 @@ void record_global(const void* p, size_t n, bool write, uintptr_t pc, bool block
   bool cold = false;  // a sector this block has not read before: a trip to L2 or DRAM
   for (uint64_t s = a >> 5; s <= (a + n - 1) >> 5; ++s) {
     sec.push_back(s);
-    (write ? r.wr_set : r.rd_set).insert(s);
+    // a read of a sector this launch wrote is served from the cache the write went through
+    if (write) {
+      r.wr_set.insert(s);
+    } else if (!r.wr_set.count(s)) {
+      r.rd_set.insert(s);
+    }
     if (!write) cold |= r.blk_rd.insert(s).second;
   }
   if (write) {

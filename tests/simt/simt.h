@@ -113,13 +113,15 @@ struct LaunchTraffic {
   size_t smem_bytes = 0;               // static + dynamic shared memory of one block
   uint64_t requests_rd = 0, requests_wr = 0;  // warp requests
   uint64_t sectors_rd = 0, sectors_wr = 0;    // sectors summed over requests
-  uint64_t unique_rd = 0, unique_wr = 0;      // distinct sectors read / written
+  uint64_t unique_rd = 0, unique_wr = 0;      // distinct sectors read (before any write
+                                              // of theirs in this launch) / written
   uint64_t bytes_rd = 0, bytes_wr = 0;        // bytes the lanes asked for
   // Dependent memory rounds of the slowest thread: a thread's global loads between two
   // switch points (barriers, warp collectives, exit) may be in flight together, up to U at a
-  // time, so a stretch with n loads costs ceil(n / U) rounds; rounds[k] uses U = 2^k. Only
+  // time, so a stretch with n loads costs ceil(n / U) rounds; rounds[k] uses U = 2^k (the
+  // last, U = 1024, is in practice the number of stretches that load anything). Only
   // loads that touch a sector the block has not read yet count (others are L1 hits).
-  static constexpr int kRoundWidths = 5;  // U = 1, 2, 4, 8, 16
+  static constexpr int kRoundWidths = 11;  // U = 1, 2, 4, ..., 1024 (about: one per stretch)
   uint64_t rounds[kRoundWidths] = {};
   // Calls of the FP32 transcendental functions (expf, logf, tanhf, exp2f) by all threads
   // run, counted only in the kernel sources compiled with tests/simt/count_math.h.

@@ -67,6 +67,11 @@ __global__ void two_stretches(float* y, const float* x) {
 __global__ void per_block(float* y, const float* x) {
   y[blockIdx.x * 32 + threadIdx.x] = x[blockIdx.x * 32 + threadIdx.x];
 }
+// Writes y, then reads it back: the read comes from the cache, not DRAM.
+__global__ void write_then_read(float* y, float* z) {
+  y[threadIdx.x] = 1.0f;
+  z[threadIdx.x] = y[threadIdx.x] * 2.0f;
+}
 __global__ void with_math(float* y, const float* x) {
   y[threadIdx.x] = expf(x[threadIdx.x]) + tanhf(x[threadIdx.x]);
 }
@@ -145,6 +150,14 @@ TEST(SimtTraffic, ABarrierEndsAStretchOfLoads) {
   EXPECT_EQ(t.unique_wr, 8u);
 }
 
+TEST(SimtTraffic, ReadingBackWhatTheLaunchWroteIsNoDramRead) {
+  const auto t = traced([] { launch(write_then_read, 1, 32, 0, nullptr, g_y, g_x); });
+  EXPECT_EQ(t.requests_rd, 1u);
+  EXPECT_EQ(t.sectors_rd, 4u);  // the request still touches its sectors
+  EXPECT_EQ(t.unique_rd, 0u);   // but none is read from DRAM
+  EXPECT_EQ(t.unique_wr, 8u);   // y and z
+}
+
 TEST(SimtTraffic, MaxBlocksRunsAnEvenSample) {
   const auto t = traced([] { launch(per_block, 100, 32, 0, nullptr, g_y, g_x); }, 10);
   EXPECT_EQ(t.blocks_total, 100u);
@@ -204,6 +217,7 @@ TEST(CostModel, HandWorkedLaunch) {
   p.u_log2 = 2;
   p.k_math = 0.5;
   p.overlap = 0.5;
+  p.wave_exp = 1.0;
   const st::cost::MathCost m{10, 0, 0, 0};
   const auto k = st::cost::predict_kernel(l, g, p, m);
   EXPECT_DOUBLE_EQ(k.dram_bytes, 32e6);
@@ -234,6 +248,7 @@ TEST(CostModel, TheFitRecoversTheParametersRowsWereMadeWith) {
   truth.t_fetch_us = 9;
   truth.overlap = 0.4;
   truth.req_per_us = 1000;
+  truth.wave_exp = 1.0;
   std::vector<st::cost::Row> rows;
   auto launch_of = [](uint64_t blocks, uint64_t sectors, uint64_t r3, uint64_t r2, uint64_t ex) {
     simt::LaunchTraffic l;

@@ -32,7 +32,8 @@ KernelTerms predict_kernel(const simt::LaunchTraffic& l, const Gpu& g, const Par
   k.waves = std::ceil(static_cast<double>(l.blocks_total) / (k.blocks_per_sm * g.sms));
   const int u = std::clamp(p.u_log2, 0, simt::LaunchTraffic::kRoundWidths - 1);
   k.rounds = l.rounds[u];
-  k.t_latency = k.waves * static_cast<double>(k.rounds) * p.latency_us;
+  k.t_latency = std::pow(k.waves, std::clamp(p.wave_exp, 0.0, 1.0)) *
+                static_cast<double>(k.rounds) * p.latency_us;
   const double instr = (l.calls_expf * m.expf + l.calls_logf * m.logf + l.calls_tanhf * m.tanhf +
                         l.calls_exp2f * m.exp2f) *
                        scale;
@@ -90,8 +91,8 @@ Params fit(const std::vector<Row>& rows, const Gpu& g, const MathCost& m, int sk
   for (int u = 0; u < simt::LaunchTraffic::kRoundWidths; ++u) {
     Params p;
     p.u_log2 = u;
-    double* x[] = {&p.t_launch_us, &p.latency_us, &p.k_math,    &p.t_upload_us,
-                   &p.t_fetch_us,  &p.overlap,    &p.req_per_us};
+    double* x[] = {&p.t_launch_us, &p.latency_us, &p.k_math,     &p.t_upload_us, &p.t_fetch_us,
+                   &p.overlap,     &p.req_per_us, &p.wave_exp};
     auto obj = objective(rows, g, p, m, skip);
     // Coordinate search with multiplicative steps, shrinking when no step helps; three
     // rounds from the best point so far.
@@ -103,7 +104,7 @@ Params fit(const std::vector<Row>& rows, const Gpu& g, const MathCost& m, int sk
           for (double step : {f, 1.0 / f}) {
             const double old = *v;
             *v = old * step;
-            if (v == &p.overlap && *v > 1.0) *v = 1.0;
+            if ((v == &p.overlap || v == &p.wave_exp) && *v > 1.0) *v = 1.0;
             const auto o = objective(rows, g, p, m, skip);
             if (o < obj) {
               obj = o;

@@ -9,10 +9,12 @@
 //               emulator ran to the whole grid) x 32 B / the measured copy bandwidth
 //   T_issue   = warp requests / (SMs x requests one SM serves per microsecond): what
 //               scalar 2-byte loads cost against 16-byte vectors of the same bytes
-//   T_latency = waves x rounds(U) x L: the slowest thread's dependent memory rounds (its
+//   T_latency = waves^w x rounds(U) x L: the slowest thread's dependent memory rounds (its
 //               loads between two switch points are in flight together, U at a time),
 //               times the waves of resident blocks (occupancy from threads and shared
-//               memory per block on an sm_90 SM), times the latency of one round;
+//               memory per block on an sm_90 SM) to the power w (0: blocks of later waves
+//               hide their latency behind earlier ones' transfers; 1: not at all), times
+//               the latency of one round;
 //               overlap (0..1) is how much of the shorter of the two is not hidden
 //   T_math    = transcendental calls x their SASS instruction counts / (k_math x the FP32
 //               lanes of the GPU x its clock)
@@ -21,7 +23,7 @@
 // small result (D2H copy and a stream synchronization: the GPU drains).
 //
 // The GPU constants are the H200's (132 SMs, 1.98 GHz boost, the copy bandwidth measured by
-// bench_gpu kernels); t_launch, L, U, overlap, the request rate, k_math, t_upload and
+// bench_gpu kernels); t_launch, L, U, w, overlap, the request rate, k_math, t_upload and
 // t_fetch are fitted to measured rows (fit()).
 #pragma once
 
@@ -48,6 +50,7 @@ struct Params {
   int u_log2 = 2;            // loads in flight per thread: U = 2^u_log2
   double k_math = 0.5;       // issue efficiency of the transcendental routines
   double overlap = 0.5;      // share of min(T_mem, T_latency) not hidden behind the other
+  double wave_exp = 0.5;     // w: how latency grows with the number of waves (0..1)
   double req_per_us = 1000;  // warp requests one SM serves per microsecond
   double t_upload_us = 5.0;  // one upload_ints
   double t_fetch_us = 8.0;   // one fetch_small (D2H + synchronize)
