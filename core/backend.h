@@ -84,6 +84,17 @@ class Backend {
                              DType fmt) = 0;
   virtual void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b,
                                 DType fmt) = 0;
+  // res = a + b (residual_forward), then out, mean, rstd = layernorm of res
+  // (layernorm_forward): the pair the model runs at every residual that feeds a layernorm.
+  // This default is those two calls (the CPU backend's, so its bits are theirs); the CUDA
+  // backend fuses them into one kernel with the same bits (cuda/layernorm.cu).
+  virtual void residual_layernorm_forward(const Tensor& res, const Tensor& out,
+                                          const Tensor& mean, const Tensor& rstd, const Tensor& a,
+                                          const Tensor& b, const Tensor& weight,
+                                          const Tensor& bias, DType fmt) {
+    residual_forward(res, a, b, fmt);
+    layernorm_forward(out, mean, rstd, res, weight, bias, fmt);
+  }
   // Fused classifier: logits (N,Vp), only the first V columns are real tokens.
   // losses (N) = -log softmax(logits)[target]; if dlogits is defined it receives
   // (softmax - onehot) * dloss, zero in the padded columns (may alias logits).

@@ -65,6 +65,11 @@ class TimingBackend : public Backend {
   void residual_forward(const Tensor& o, const Tensor& a, const Tensor& b, DType f) override {
     time("residual", [&] { in_.residual_forward(o, a, b, f); });
   }
+  void residual_layernorm_forward(const Tensor& res, const Tensor& o, const Tensor& m,
+                                  const Tensor& r, const Tensor& a, const Tensor& b,
+                                  const Tensor& w, const Tensor& bi, DType f) override {
+    time("residual+layernorm", [&] { in_.residual_layernorm_forward(res, o, m, r, a, b, w, bi, f); });
+  }
   void crossentropy_forward_backward(const Tensor& l, const Tensor& dl, const Tensor& lg,
                                      const Tensor& t, int V, float s, DType f) override {
     time("crossentropy", [&] { in_.crossentropy_forward_backward(l, dl, lg, t, V, s, f); });

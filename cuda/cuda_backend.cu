@@ -346,10 +346,12 @@ void CudaBackend::encoder_backward(const Tensor& dwte, const Tensor& dwpe, const
 
 // ---------------------------------------------------------------- layernorm
 
-void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                    const Tensor& inp, const Tensor& weight, const Tensor& bias,
-                                    DType fmt) {
-  const DType s = storage_dtype(fmt);
+namespace {
+
+// The layernorm forward's operand checks; returns {N, C}.
+std::pair<int, int> check_layernorm_forward(const Tensor& out, const Tensor& mean,
+                                            const Tensor& rstd, const Tensor& inp,
+                                            const Tensor& weight, const Tensor& bias, DType s) {
   ST_CHECK(inp.defined() && inp.ndim() >= 1 && inp.dim(-1) > 0, "layernorm_forward: inp ",
            inp.desc());
   const int64_t C = inp.dim(-1), N = inp.numel() / C;
@@ -371,9 +373,50 @@ void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const
     check_disjoint(mean, *t, "layernorm_forward");
     check_disjoint(rstd, *t, "layernorm_forward");
   }
+  return {to_int(N, "N"), to_int(C, "C")};
+}
+
+// The residual add's operand checks: out = a + b, out may alias a or b element for element.
+void check_residual(const Tensor& out, const Tensor& a, const Tensor& b, DType s,
+                    const char* what) {
+  check_same(out, a, "residual out vs a");
+  check_same(b, a, "residual b vs a");
+  check_operand(out, s, (std::string(what) + ": out").c_str());
+  check_operand(a, s, (std::string(what) + ": a").c_str());
+  check_operand(b, s, (std::string(what) + ": b").c_str());
+  check_elementwise_alias(out, a, what);
+  check_elementwise_alias(out, b, what);
+}
+
+}  // namespace
+
+void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                    const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                                    DType fmt) {
+  const DType s = storage_dtype(fmt);
+  const auto [N, C] = check_layernorm_forward(out, mean, rstd, inp, weight, bias, s);
   cudak::layernorm_forward(out.raw(), static_cast<float*>(mean.raw()),
-                           static_cast<float*>(rstd.raw()), inp.raw(), weight.raw(), bias.raw(),
-                           to_int(N, "N"), to_int(C, "C"), s, stream_);
+                           static_cast<float*>(rstd.raw()), inp.raw(), weight.raw(), bias.raw(), N,
+                           C, s, stream_);
+}
+
+// One kernel for the pair (cuda/layernorm.cu), bit-identical to residual_forward then
+// layernorm_forward. res may alias a or b element for element, as in residual_forward.
+void CudaBackend::residual_layernorm_forward(const Tensor& res, const Tensor& out,
+                                             const Tensor& mean, const Tensor& rstd,
+                                             const Tensor& a, const Tensor& b,
+                                             const Tensor& weight, const Tensor& bias, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  check_residual(res, a, b, s, "residual_layernorm_forward");
+  const auto [N, C] = check_layernorm_forward(out, mean, rstd, res, weight, bias, s);
+  for (const Tensor* t : {&a, &b}) {
+    check_disjoint(out, *t, "residual_layernorm_forward");
+    check_disjoint(mean, *t, "residual_layernorm_forward");
+    check_disjoint(rstd, *t, "residual_layernorm_forward");
+  }
+  cudak::residual_layernorm_forward(res.raw(), out.raw(), static_cast<float*>(mean.raw()),
+                                    static_cast<float*>(rstd.raw()), a.raw(), b.raw(), weight.raw(),
+                                    bias.raw(), N, C, s, stream_);
 }
 
 void CudaBackend::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
@@ -513,13 +556,7 @@ void CudaBackend::gelu_backward(const Tensor& dinp, const Tensor& inp, const Ten
 
 void CudaBackend::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b, DType fmt) {
   const DType s = storage_dtype(fmt);
-  check_same(out, a, "residual out vs a");
-  check_same(b, a, "residual b vs a");
-  check_operand(out, s, "residual_forward: out");
-  check_operand(a, s, "residual_forward: a");
-  check_operand(b, s, "residual_forward: b");
-  check_elementwise_alias(out, a, "residual_forward");
-  check_elementwise_alias(out, b, "residual_forward");
+  check_residual(out, a, b, s, "residual_forward");
   cudak::residual_forward(out.raw(), a.raw(), b.raw(), static_cast<size_t>(a.numel()), s, stream_);
 }
 

@@ -135,6 +135,9 @@ class CudaBackend : public Backend {
   void gelu_forward(const Tensor& out, const Tensor& inp, DType fmt) override;
   void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout, DType fmt) override;
   void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b, DType fmt) override;
+  void residual_layernorm_forward(const Tensor& res, const Tensor& out, const Tensor& mean,
+                                  const Tensor& rstd, const Tensor& a, const Tensor& b,
+                                  const Tensor& weight, const Tensor& bias, DType fmt) override;
   void crossentropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
                                      const Tensor& logits, const Tensor& targets, int V,
                                      float dloss, DType fmt) override;

@@ -34,6 +34,11 @@ void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* t
 // ---- layernorm.cu ----
 void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
                        const void* bias, int N, int C, DType dtype, cudaStream_t stream);
+// res = round(a + b) (residual_forward), then layernorm_forward(out, mean, rstd, res, ...): one
+// kernel, bit-identical to the two. res must not overlap a, b, out, mean or rstd.
+void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
+                                const void* b, const void* weight, const void* bias, int N, int C,
+                                DType dtype, cudaStream_t stream);
 // Scratch: layernorm_backward_scratch(N, C) floats of device memory.
 size_t layernorm_backward_scratch(int N, int C);
 void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,

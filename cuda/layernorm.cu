@@ -1,7 +1,9 @@
 // LayerNorm (eps 1e-5), layers/layernorm_cpu.cpp's formulas operation for operation:
 // Forward, one warp per row: m = sum(x)/C; var = sum((x-m)^2)/C; s = 1/sqrt(var + eps)
 // (IEEE division and square root); out = round(((x - m) * s) * w + b). mean and rstd are
-// stored in FP32.
+// stored in FP32. Fused with the residual add (residual_layernorm_forward): x = round(a + b)
+// is made and stored in the first pass over the row, then normalised as above (one launch,
+// one read of a and b, instead of residual_forward's write and layernorm_forward's re-read).
 // Backward: (1) one warp per row: dnm = sum(w*d)/C, dnnm = sum(w*d * ((x-m)*s))/C, then
 // dinp = round(dinp + ((w*d - dnm) - n*dnnm) * s) with n = (x-m)*s, once per element.
 // (2) dweight/dbias: column sums over rows in two passes, no atomics: chunks of kColChunk
@@ -24,17 +26,32 @@ constexpr float kEps = static_cast<float>(1e-5);  // the CPU's T(1e-5)
 constexpr int kThreads = 256;                     // 8 warps, 8 rows per block
 constexpr int kRowsPerBlock = kThreads / 32;
 
-template <class T, int V>
+// kResidual: the row is first made as res = round(a + b) (residual_forward's arithmetic),
+// stored, and normalised in the same pass structure; inp then points at res, which the
+// thread re-reads in passes 2 and 3 (its own writes). Either way the sums run over the same
+// stored values in the same lane-strided order, so the fused kernel's out, mean and rstd are
+// bit-identical to residual_forward followed by layernorm_forward.
+template <class T, int V, bool kResidual>
 __global__ void __launch_bounds__(kThreads)
     layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
-                             const T* bias, int N, int C) {
+                             const T* bias, int N, int C, T* res, const T* ra, const T* rb) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;  // the whole warp leaves together
-  const T* x = inp + static_cast<size_t>(row) * C;
+  const size_t off = static_cast<size_t>(row) * C;
+  const T* x = inp + off;
   float sum = 0.0f;
   for (int c = lane * V; c < C; c += 32 * V) {
-    const Vec<T, V> xv = load_vec<V>(x + c);
+    Vec<T, V> xv;
+    if constexpr (kResidual) {
+      const Vec<T, V> av = load_vec<V>(ra + off + c);
+      const Vec<T, V> bv = load_vec<V>(rb + off + c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) xv.v[k] = from_float<T>(to_float(av.v[k]) + to_float(bv.v[k]));
+      store_vec<V>(res + off + c, xv);
+    } else {
+      xv = load_vec<V>(x + c);
+    }
 #pragma unroll
     for (int k = 0; k < V; ++k) sum += to_float(xv.v[k]);
   }
@@ -50,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   var = warp_sum(var) / static_cast<float>(C);
   const float s = 1.0f / sqrtf(var + kEps);
-  T* o = out + static_cast<size_t>(row) * C;
+  T* o = out + off;
   for (int c = lane * V; c < C; c += 32 * V) {
     const Vec<T, V> xv = load_vec<V>(x + c);
     const Vec<T, V> wv = load_vec<V>(weight + c);
@@ -149,28 +166,56 @@ int chunks_of(int N) {
 
 }  // namespace
 
-void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
-                       const void* bias, int N, int C, DType dtype, cudaStream_t stream) {
+namespace {
+
+// The forward, plain (res null: inp is the row) or fused with the residual add (res = a + b
+// first, inp ignored).
+void launch_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                    const void* bias, int N, int C, DType dtype, cudaStream_t stream, void* res,
+                    const void* a, const void* b) {
   if (N == 0) return;
   const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
   dispatch_storage(dtype, "layernorm_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kWide<T>;
-    const bool wide =
-        C % W == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias);
     auto* o = static_cast<T*>(out);
-    const auto* x = static_cast<const T*>(inp);
+    auto* r = static_cast<T*>(res);
+    const auto* x = res ? r : static_cast<const T*>(inp);
     const auto* w = static_cast<const T*>(weight);
-    const auto* b = static_cast<const T*>(bias);
-    if (wide) {
-      cudak::launch(layernorm_forward_kernel<T, W>, grid, kThreads, 0, stream, o, mean, rstd, x, w,
-                    b, N, C);
+    const auto* bi = static_cast<const T*>(bias);
+    const auto* ra = static_cast<const T*>(a);
+    const auto* rb = static_cast<const T*>(b);
+    bool wide = C % W == 0 && aligned16(out) && aligned16(x) && aligned16(weight) && aligned16(bias);
+    if (res) wide = wide && aligned16(a) && aligned16(b);
+    if (res && wide) {
+      cudak::launch(layernorm_forward_kernel<T, W, true>, grid, kThreads, 0, stream, o, mean, rstd,
+                    x, w, bi, N, C, r, ra, rb);
+    } else if (res) {
+      cudak::launch(layernorm_forward_kernel<T, 1, true>, grid, kThreads, 0, stream, o, mean, rstd,
+                    x, w, bi, N, C, r, ra, rb);
+    } else if (wide) {
+      cudak::launch(layernorm_forward_kernel<T, W, false>, grid, kThreads, 0, stream, o, mean, rstd,
+                    x, w, bi, N, C, r, ra, rb);
     } else {
-      cudak::launch(layernorm_forward_kernel<T, 1>, grid, kThreads, 0, stream, o, mean, rstd, x, w,
-                    b, N, C);
+      cudak::launch(layernorm_forward_kernel<T, 1, false>, grid, kThreads, 0, stream, o, mean, rstd,
+                    x, w, bi, N, C, r, ra, rb);
     }
     ST_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
   });
+}
+
+}  // namespace
+
+void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                       const void* bias, int N, int C, DType dtype, cudaStream_t stream) {
+  launch_forward(out, mean, rstd, inp, weight, bias, N, C, dtype, stream, nullptr, nullptr,
+                 nullptr);
+}
+
+void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
+                                const void* b, const void* weight, const void* bias, int N, int C,
+                                DType dtype, cudaStream_t stream) {
+  launch_forward(out, mean, rstd, nullptr, weight, bias, N, C, dtype, stream, res, a, b);
 }
 
 size_t layernorm_backward_scratch(int N, int C) {

@@ -367,22 +367,29 @@ float GPT2::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
              " at position ", i, " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
   std::copy(tokens, tokens + B * T, a.tokens.data<int32_t>());
   be_.encoder_forward(a.encoded, a.tokens, params_[kWte], params_[kWpe], f);
+  // Every residual add feeds a layernorm (ln2 of its layer, ln1 of the next, or lnf): the
+  // backend runs each pair as one call (fused on the GPU; the same two kernels on the CPU).
+  be_.layernorm_forward(ln1(0), a.ln1_mean[0], a.ln1_rstd[0], residual_in(0), params_[kLn1w][0],
+                        params_[kLn1b][0], f);
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    be_.layernorm_forward(ln1(l), a.ln1_mean[l], a.ln1_rstd[l], residual_in(l),
-                          params_[kLn1w][l], params_[kLn1b][l], f);
     be_.matmul_forward(a.qkv[l], ln1(l), params_[kQkvw][l], params_[kQkvb][l], f);
     attn_[l]->forward(a.atty[l], a.lse[l], a.qkv[l], cfg_.n_head, f);
     be_.matmul_forward(a.attproj[l], a.atty[l], params_[kAttprojw][l], params_[kAttprojb][l], f);
-    be_.residual_forward(a.residual2[l], residual_in(l), a.attproj[l], f);
-    be_.layernorm_forward(ln2(l), a.ln2_mean[l], a.ln2_rstd[l], a.residual2[l],
-                          params_[kLn2w][l], params_[kLn2b][l], f);
+    be_.residual_layernorm_forward(a.residual2[l], ln2(l), a.ln2_mean[l], a.ln2_rstd[l],
+                                   residual_in(l), a.attproj[l], params_[kLn2w][l],
+                                   params_[kLn2b][l], f);
     be_.matmul_forward(a.fch[l], ln2(l), params_[kFcw][l], params_[kFcb][l], f);
     be_.gelu_forward(fch_gelu(l), a.fch[l], f);
     be_.matmul_forward(a.fcproj[l], fch_gelu(l), params_[kFcprojw][l], params_[kFcprojb][l], f);
-    be_.residual_forward(a.residual3[l], a.residual2[l], a.fcproj[l], f);
+    if (l + 1 < cfg_.n_layer) {
+      be_.residual_layernorm_forward(a.residual3[l], ln1(l + 1), a.ln1_mean[l + 1],
+                                     a.ln1_rstd[l + 1], a.residual2[l], a.fcproj[l],
+                                     params_[kLn1w][l + 1], params_[kLn1b][l + 1], f);
+    } else {
+      be_.residual_layernorm_forward(a.residual3[l], a.lnf, a.lnf_mean, a.lnf_rstd, a.residual2[l],
+                                     a.fcproj[l], params_[kLnfw], params_[kLnfb], f);
+    }
   }
-  be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3[cfg_.n_layer - 1],
-                        params_[kLnfw], params_[kLnfb], f);
   be_.matmul_forward(a.logits, a.lnf, params_[kWte], Tensor(), f);
   if (!targets) return std::numeric_limits<float>::quiet_NaN();
   std::copy(targets, targets + B * T, a.targets.data<int32_t>());

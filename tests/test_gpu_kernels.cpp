@@ -732,6 +732,18 @@ std::vector<Case> make_cases(const Cfg& z, DType fmt) {
         be.layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5], f);
         return none;
       });
+  // The residual add fused into the layernorm forward: res exact (one add, one rounding),
+  // out/mean/rstd as layernorm_forward (the emu suite checks the fused kernel is bit-identical
+  // to the unfused pair).
+  add("residual_layernorm_forward", "",
+      {out("res", {B, T, C}, kExact), out("out", {B, T, C}, close_to(1, 8, 4e-6)),
+       f32(out("mean", {B, T}, close_to(0, 8, 1e-5))), f32(out("rstd", {B, T}, close_to(0, 32, 0))),
+       in("a", {B, T, C}, 1.0, 0.3), in("b", {B, T, C}, 0.5), in("weight", {C}, 0.1, 1.0),
+       in("bias", {C}, 0.1)},
+      [=](Backend& be, const std::vector<Tensor>& t, const Tensor&, DType f) {
+        be.residual_layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], f);
+        return none;
+      });
   // dinp: the two row sums are reassociated (as forward) and the result cancels (dn - mean
   // - n*mean): floor 2e-6 of the largest gradient. dweight/dbias: column sums over N rows in
   // chunks of 64 (exact when N <= 64), FP32 reassociation over up to N terms.
@@ -941,6 +953,7 @@ const char* const kMethods[] = {"zero",
                                 "gelu_forward",
                                 "gelu_backward",
                                 "residual_forward",
+                                "residual_layernorm_forward",
                                 "crossentropy_forward_backward",
                                 "sum_squares",
                                 "all_finite",

@@ -290,6 +290,9 @@ int run_kernels(const Timer& timer, CudaBackend& be) {
     Tensor r = be.alloc({B, T, C}, bf);
     time("residual_forward", shape_of({N, C}), 3 * NC * b2, false,
          [&] { be.residual_forward(r, inp, dinp, bf); });
+    // the pair the model runs at every residual, as one kernel: read a, b; write res, out
+    time("residual + layernorm_forward (fused)", shape_of({N, C}), 4 * NC * b2 + 8.0 * N, false,
+         [&] { be.residual_layernorm_forward(r, out, mean, rstd, inp, dinp, w, bias, bf); });
   }
   {
     Tensor x = random_tensor(be, {N, 4 * C}, bf, seed++, 2.0f), y = be.alloc({N, 4 * C}, bf);

@@ -211,6 +211,44 @@ TEST_P(SimtKernels, Layernorm) {
   }
 }
 
+// The residual add fused into the layernorm forward: against the CPU backend's pair (the
+// Backend default: residual_forward then layernorm_forward; same tolerances as above) and,
+// bit for bit, against the emulated unfused pair.
+TEST_P(SimtKernels, ResidualLayernormForwardIsThePairFused) {
+  const DType f = GetParam();
+  for (const auto& [N, C] : std::vector<std::pair<int, int>>{{67, 100}, {5, 768}, {9, 64}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+    const size_t n = static_cast<size_t>(N) * C;
+    auto a = randv(n, f, 30, 1.0, 0.3), b = randv(n, f, 31, 0.5), w = randv(C, f, 32, 0.1, 1.0),
+         bi = randv(C, f, 33, 0.1);
+    Tensor res = Tensor::empty({N, C}, DType::F32), out = Tensor::empty({N, C}, DType::F32),
+           mean = Tensor::empty({N}, DType::F32), rstd = Tensor::empty({N}, DType::F32);
+    cpu_->residual_layernorm_forward(res, out, mean, rstd, host(a, {N, C}), host(b, {N, C}),
+                                     host(w, {C}), host(bi, {C}), f);
+    auto fused = two_schedules([&] {
+      Buf r(f, n), o(f, n), m(DType::F32, N), s(DType::F32, N), ad = dev(a, f), bd = dev(b, f),
+          wd = dev(w, f), bid = dev(bi, f);
+      cudak::residual_layernorm_forward(r.p(), o.p(), m.f(), s.f(), ad.p(), bd.p(), wd.p(), bid.p(),
+                                        N, C, f, nullptr);
+      return std::vector<Buf>{r, o, m, s};
+    });
+    auto pair = two_schedules([&] {
+      Buf r(f, n), o(f, n), m(DType::F32, N), s(DType::F32, N), ad = dev(a, f), bd = dev(b, f),
+          wd = dev(w, f), bid = dev(bi, f);
+      cudak::residual_forward(r.p(), ad.p(), bd.p(), n, f, nullptr);
+      cudak::layernorm_forward(o.p(), m.f(), s.f(), r.p(), wd.p(), bid.p(), N, C, f, nullptr);
+      return std::vector<Buf>{r, o, m, s};
+    });
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_TRUE(same_bytes(fused[i], pair[i])) << "output " << i << " differs from the pair";
+    compare("residual_layernorm res", fused[0], values(res), f, kExact);
+    compare("residual_layernorm out", fused[1], values(out), f,
+            Tol{false, f == DType::F32 ? 8.0 : 1.0, 4e-6});
+    compare("residual_layernorm mean", fused[2], values(mean), DType::F32, Tol{false, 8, 1e-5});
+    compare("residual_layernorm rstd", fused[3], values(rstd), DType::F32, Tol{false, 32, 0});
+  }
+}
+
 // ---------------------------------------------------------------- elementwise
 
 TEST_P(SimtKernels, Elementwise) {

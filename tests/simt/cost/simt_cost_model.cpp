@@ -134,6 +134,27 @@ std::vector<Row> build_rows(uint64_t mb) {
     });
     add("residual_forward", shape_of({N, C}), 10.9,
         [&] { cudak::residual_forward(out.p, inp.p, dinp.p, N * C, bf, nullptr); });
+    // not measured yet: the pair above (10.9 + 14.7 us measured) as one kernel
+    Mem res(N * C * 2);
+    add("residual + layernorm_forward (fused)", shape_of({N, C}), 0, [&] {
+      cudak::residual_layernorm_forward(res.p, out.p, mean.as<float>(), rstd.as<float>(), inp.p,
+                                        dinp.p, w.p, b.p, N, C, bf, nullptr);
+    });
+  }
+  {  // the same pair at B = 64 (the step of bench train), unfused and fused: predictions
+    const long long N64 = 64 * T;
+    Mem inp(N64 * C * 2), d(N64 * C * 2), out(N64 * C * 2), res(N64 * C * 2), w(C * 2), b(C * 2),
+        mean(N64 * 4), rstd(N64 * 4);
+    add("residual_forward (B=64)", shape_of({N64, C}), 0,
+        [&] { cudak::residual_forward(res.p, inp.p, d.p, N64 * C, bf, nullptr); });
+    add("layernorm_forward (B=64)", shape_of({N64, C}), 0, [&] {
+      cudak::layernorm_forward(out.p, mean.as<float>(), rstd.as<float>(), res.p, w.p, b.p, N64, C,
+                               bf, nullptr);
+    });
+    add("residual + layernorm_forward (fused, B=64)", shape_of({N64, C}), 0, [&] {
+      cudak::residual_layernorm_forward(res.p, out.p, mean.as<float>(), rstd.as<float>(), inp.p,
+                                        d.p, w.p, b.p, N64, C, bf, nullptr);
+    });
   }
   {  // gelu
     Mem x(N * 4 * C * 2), y(N * 4 * C * 2), d(N * 4 * C * 2);
@@ -175,9 +196,9 @@ std::vector<Row> build_rows(uint64_t mb) {
     });
     add("round_copy fp32 -> bf16", std::to_string(P), 180.3,
         [&] { cuda_convert(param.p, bf, master.p, DType::F32, P, nullptr); });
-    Row& z = add("zero (cudaMemsetAsync)", std::to_string(P), 61.5, nullptr);
+    Row& z = add("zero", std::to_string(P), 61.5, nullptr);
     z.driver_bytes = P * 2.0;
-    Row& c = add("copy bf16 (cudaMemcpyAsync D2D)", std::to_string(P), 124.1, nullptr);
+    Row& c = add("copy bf16 device to device", std::to_string(P), 124.1, nullptr);
     c.driver_bytes = 2.0 * P * 2.0;
   }
   return rows;
@@ -206,11 +227,11 @@ int run(int argc, char** argv) {
   const Params p = fit(rows, g, m);
   std::printf(
       "H200 model (%d SMs, %.2f GHz, copy %.0f GB/s); fitted on %s rows: t_launch %.2f us, "
-      "round latency %.3f us, U = %d loads in flight, overlap %.3f, %.0f requests/us/SM, "
+      "round latency %.3f us, U = %d loads in flight, waves^%.3f, overlap %.3f, %.0f requests/us/SM, "
       "k_math %.3f, upload %.2f us, fetch %.2f us\n"
       "emulated: at most %llu blocks of each launch\n\n",
       g.sms, g.clock_ghz, g.copy_gbs, "the measured", p.t_launch_us, p.latency_us, 1 << p.u_log2,
-      p.overlap, p.req_per_us, p.k_math, p.t_upload_us, p.t_fetch_us,
+      p.wave_exp, p.overlap, p.req_per_us, p.k_math, p.t_upload_us, p.t_fetch_us,
       static_cast<unsigned long long>(max_blocks));
   std::printf("| %-38s | %-14s | %9s | %9s | %7s | %7s | %9s | %7s | %6s | %-8s |\n", "row (bf16)",
               "shape", "measured", "predicted", "error", "LOO err", "DRAM MB", "coalesc", "rounds",
@@ -276,7 +297,8 @@ int run(int argc, char** argv) {
                 r.excluded.empty() ? loo.c_str() : "excl.", dram / 1e6, coal,
                 static_cast<unsigned long long>(rounds), bound);
     if (out)
-      std::fprintf(out, "%s,%s,%g,%.3f,%s,%s,%.0f,%.4f,%llu,%s,%s\n", r.name.c_str(), r.shape.c_str(),
+      std::fprintf(out, "\"%s\",%s,%g,%.3f,%s,%s,%.0f,%.4f,%llu,%s,\"%s\"\n", r.name.c_str(),
+                   r.shape.c_str(),
                    r.measured_us, pred, in_fit ? std::to_string(e).c_str() : "",
                    in_fit ? std::to_string(el).c_str() : "", dram, coal,
                    static_cast<unsigned long long>(rounds), bound, r.excluded.c_str());
