@@ -12,7 +12,8 @@
 #        build  nothing more (step 2 only; the CI check tools/offline_build_check.sh uses it)
 #        test   every gpu test program, one case per process, 120 s each (tools/run_gtests.sh)
 #        bench  bench_gpu, bench attention and PyTorch's SDPA beside it, bench train (GPT-2
-#               124M tokens/s, MFU) per attention backend, bench_gpu kernels, PyTorch GEMMs
+#               124M tokens/s, MFU) per attention backend, bench_gpu kernels with the cost
+#               model's predictions beside them (tools/cost_model_vs_measured.py), PyTorch GEMMs
 #        train  configs/gpt2_small.yaml on Tiny Shakespeare (carried data_cache/tiny_shakespeare)
 #               with each attention backend, losses side by side
 # A device call runs 10 minutes at most and a session's GPU time is about 15 minutes, starts
@@ -381,6 +382,12 @@ if has_stage bench && ((PROGRAMS_OK)); then
       "$BIN/bench" train --device cuda --attention "$attn"
   done
   bench_step "$B/bench_gpu.txt" 90 "bench_gpu kernels" "$BIN/bench_gpu" kernels
+  # the cost model's predictions (made on the CPU before this run) beside the measured rows
+  pred="$(ls bench/results/*_cost_model_h200.csv 2>/dev/null | sort | tail -1)"
+  if [[ -n "$pred" ]]; then
+    bench_step "$B/bench_gpu.txt" 30 "cost model vs measured" \
+      python3 tools/cost_model_vs_measured.py "$pred" "$B/bench_gpu.txt"
+  fi
   if ((HAVE_TORCH)); then
     bench_step "$B/torch.txt" 90 "torch GEMMs" python3 tools/bench_torch_gemm.py --ours "$B/bench_gpu.txt"
     TORCH="ok"
