@@ -155,6 +155,31 @@ std::vector<Row> build_rows(uint64_t mb) {
       cudak::residual_layernorm_forward(res.p, out.p, mean.as<float>(), rstd.as<float>(), inp.p,
                                         d.p, w.p, b.p, N64, C, bf, nullptr);
     });
+    Mem dinp(N64 * C * 2), dw(C * 2), db(C * 2), scr(cudak::layernorm_backward_scratch(N64, C) * 4);
+    add("layernorm_backward (B=64)", shape_of({N64, C}), 0, [&] {
+      cudak::layernorm_backward(dinp.p, dw.p, db.p, d.p, res.p, w.p, mean.as<float>(),
+                                rstd.as<float>(), N64, C, bf, scr.as<float>(), nullptr);
+    });
+  }
+  {  // gelu, cross-entropy at B = 64 (for the step's families: predictions)
+    const long long N64 = 64 * T;
+    Mem x(N64 * 4 * C * 2), y(N64 * 4 * C * 2);
+    add("gelu_forward (B=64)", shape_of({N64, 4 * C}), 0,
+        [&] { cudak::gelu_forward(y.p, x.p, N64 * 4 * C, bf, nullptr); });
+    add("gelu_backward (in place, B=64)", shape_of({N64, 4 * C}), 0,
+        [&] { cudak::gelu_backward(y.p, x.p, y.p, N64 * 4 * C, bf, nullptr); });
+    Mem logits(N64 * Vp * 2), losses(N64 * 4);
+    auto tgt = tokens_of(N64, 9);
+    Row& f = add("crossentropy forward only (B=64)", shape_of({N64, Vp}), 0, [&] {
+      cudak::crossentropy(losses.as<float>(), nullptr, logits.p, tgt->as<int32_t>(), N64, V, Vp,
+                          0.0f, bf, nullptr);
+    });
+    f.uploads = 1;
+    Row& fb = add("crossentropy fwd+bwd (in place, B=64)", shape_of({N64, Vp}), 0, [&] {
+      cudak::crossentropy(losses.as<float>(), logits.p, logits.p, tgt->as<int32_t>(), N64, V, Vp,
+                          1.0f / N64, bf, nullptr);
+    });
+    fb.uploads = 1;
   }
   {  // gelu
     Mem x(N * 4 * C * 2), y(N * 4 * C * 2), d(N * 4 * C * 2);
@@ -320,6 +345,38 @@ int run(int argc, char** argv) {
   }
   for (const Row& r : rows)
     if (!r.excluded.empty()) std::printf("\nexcluded: %s: %s\n", r.name.c_str(), r.excluded.c_str());
+  // Out of sample: the kernel families of bench train's GPT-2 124M step at B = 64 (flash
+  // attention, a pass synchronized after every call, H200, 2026-11-27: the per-family table
+  // of bench/results/2026-11-27_gpu_speed_h200.md), from the B = 64 rows (the fit saw B = 8
+  // only). Each measured call also carries one host synchronization, which the prediction
+  // leaves out.
+  auto pred_of = [&](const std::string& name) {
+    for (const Row& r : rows)
+      if (r.name == name) return predict_row(r, g, p, m);
+    throw std::runtime_error("simt_cost_model: no row " + name);
+  };
+  struct Family {
+    const char* name;
+    double measured_ms;
+    int calls;
+    std::vector<std::pair<const char*, int>> parts;  // row, calls per step
+  };
+  const std::vector<Family> fam = {
+      {"crossentropy", 10.40, 2,
+       {{"crossentropy forward only (B=64)", 1}, {"crossentropy fwd+bwd (in place, B=64)", 1}}},
+      {"layernorm", 8.27, 50, {{"layernorm_forward (B=64)", 25}, {"layernorm_backward (B=64)", 25}}},
+      {"gelu", 6.35, 24, {{"gelu_forward (B=64)", 12}, {"gelu_backward (in place, B=64)", 12}}},
+      {"residual", 1.93, 24, {{"residual_forward (B=64)", 24}}},
+      {"adamw", 1.21, 16, {{"adamw_update", 1}}}};
+  std::printf("\nOut of sample: bench train's step families at B=64 (flash step, synchronized "
+              "pass, H200 2026-11-27)\n\n| family | calls/step | measured ms | predicted ms | "
+              "predicted / measured |\n|---|---|---|---|---|\n");
+  for (const Family& f : fam) {
+    double t = 0;
+    for (const auto& [row, n] : f.parts) t += n * pred_of(row);
+    std::printf("| %s | %d | %.2f | %.2f | %.2f |\n", f.name, f.calls, f.measured_ms, t / 1e3,
+                t / 1e3 / f.measured_ms);
+  }
   std::printf("\n%d rows fitted: largest error %.1f%%, largest leave-one-out error %.1f%% "
               "(acceptance: every row within 20%%)\n",
               fitted, 100 * worst, 100 * worst_loo);
