@@ -126,24 +126,37 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Partials of dweight and dbias for rows [chunk*kColChunk, ...) : part_dw/part_db (chunks, C).
-template <class T>
+// One thread per V consecutive columns (16-byte loads when V > 1); each column's sums run over
+// the chunk's rows in row order, whatever V is.
+template <class T, int V>
 __global__ void layernorm_dwdb_partial_kernel(float* part_dw, float* part_db, const T* dout,
                                               const T* inp, const float* mean, const float* rstd,
                                               int N, int C) {
   const int chunk = blockIdx.x;
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int c = (blockIdx.y * blockDim.x + threadIdx.x) * V;
   if (c >= C) return;
   const int r0 = chunk * kColChunk;
   const int r1 = min(N, r0 + kColChunk);
-  float dw = 0.0f, db = 0.0f;
+  float dw[V], db[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) dw[k] = db[k] = 0.0f;
   for (int r = r0; r < r1; ++r) {
     const size_t i = static_cast<size_t>(r) * C + c;
-    const float d = to_float(dout[i]);
-    db += d;
-    dw += d * ((to_float(inp[i]) - mean[r]) * rstd[r]);
+    const Vec<T, V> dv = load_vec<V>(dout + i);
+    const Vec<T, V> xv = load_vec<V>(inp + i);
+    const float m = mean[r], s = rstd[r];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float d = to_float(dv.v[k]);
+      db[k] += d;
+      dw[k] += d * ((to_float(xv.v[k]) - m) * s);
+    }
   }
-  part_dw[static_cast<size_t>(chunk) * C + c] = dw;
-  part_db[static_cast<size_t>(chunk) * C + c] = db;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    part_dw[static_cast<size_t>(chunk) * C + c + k] = dw[k];
+    part_db[static_cast<size_t>(chunk) * C + c + k] = db[k];
+  }
 }
 
 template <class T>
@@ -250,8 +263,14 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout
                     N, C);
     }
     ST_CUDA_CHECK_LAUNCH("layernorm_dinp_kernel");
-    cudak::launch(layernorm_dwdb_partial_kernel<T>, dim3(static_cast<unsigned>(chunks), ctiles),
-                  kColThreads, 0, stream, part_dw, part_db, d, x, mean, rstd, N, C);
+    if (C % W == 0 && aligned16(dout) && aligned16(inp)) {
+      const unsigned vtiles = static_cast<unsigned>((C / W + kColThreads - 1) / kColThreads);
+      cudak::launch(layernorm_dwdb_partial_kernel<T, W>, dim3(static_cast<unsigned>(chunks), vtiles),
+                    kColThreads, 0, stream, part_dw, part_db, d, x, mean, rstd, N, C);
+    } else {
+      cudak::launch(layernorm_dwdb_partial_kernel<T, 1>, dim3(static_cast<unsigned>(chunks), ctiles),
+                    kColThreads, 0, stream, part_dw, part_db, d, x, mean, rstd, N, C);
+    }
     ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_partial_kernel");
     cudak::launch(layernorm_dwdb_final_kernel<T>, ctiles, kColThreads, 0, stream,
                   static_cast<T*>(dweight), static_cast<T*>(dbias), part_dw, part_db, chunks, C);

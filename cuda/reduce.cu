@@ -19,16 +19,25 @@
 namespace st::cudak {
 namespace {
 
-template <class T>
+// One thread per V consecutive columns (16-byte loads when V > 1); each column's sum runs
+// over the chunk's rows in row order, whatever V is.
+template <class T, int V>
 __global__ void colsum_partial_kernel(float* part, const T* x, int N, int C) {
   const int chunk = blockIdx.x;
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int c = (blockIdx.y * blockDim.x + threadIdx.x) * V;
   if (c >= C) return;
   const int r0 = chunk * kColChunk;
   const int r1 = min(N, r0 + kColChunk);
-  float acc = 0.0f;
-  for (int r = r0; r < r1; ++r) acc += to_float(x[static_cast<size_t>(r) * C + c]);
-  part[static_cast<size_t>(chunk) * C + c] = acc;
+  float acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+  for (int r = r0; r < r1; ++r) {
+    const Vec<T, V> v = load_vec<V>(x + static_cast<size_t>(r) * C + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] += to_float(v.v[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) part[static_cast<size_t>(chunk) * C + c + k] = acc[k];
 }
 
 template <class T>
@@ -101,8 +110,16 @@ void colsum_accumulate(void* dbias, const void* dout, int N, int OC, DType dtype
   ST_CHECK(ctiles <= 65535u, "colsum: OC = ", OC, " is too wide");
   dispatch_storage(dtype, "colsum", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cudak::launch(colsum_partial_kernel<T>, dim3(static_cast<unsigned>(chunks), ctiles), kThreads,
-                  0, stream, scratch, static_cast<const T*>(dout), N, OC);
+    constexpr int W = kWide<T>;
+    const auto* d = static_cast<const T*>(dout);
+    if (OC % W == 0 && aligned16(dout)) {
+      const unsigned vtiles = static_cast<unsigned>((OC / W + kThreads - 1) / kThreads);
+      cudak::launch(colsum_partial_kernel<T, W>, dim3(static_cast<unsigned>(chunks), vtiles),
+                    kThreads, 0, stream, scratch, d, N, OC);
+    } else {
+      cudak::launch(colsum_partial_kernel<T, 1>, dim3(static_cast<unsigned>(chunks), ctiles),
+                    kThreads, 0, stream, scratch, d, N, OC);
+    }
     ST_CUDA_CHECK_LAUNCH("colsum_partial_kernel");
     cudak::launch(colsum_final_kernel<T>, ctiles, kThreads, 0, stream, static_cast<T*>(dbias),
                   scratch, chunks, OC);

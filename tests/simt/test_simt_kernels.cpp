@@ -208,6 +208,29 @@ TEST_P(SimtKernels, Layernorm) {
     compare("layernorm_backward dinp", g2[0], values(dx), f, Tol{false, u, 2e-6});
     compare("layernorm_backward dweight", g2[1], values(dw), f, Tol{false, u, 1e-5});
     compare("layernorm_backward dbias", g2[2], values(db), f, Tol{false, u, 1e-5});
+    // ... and exactly the documented order, rebuilt here: per column, each chunk's rows in
+    // row order from 0, the chunk sums in chunk order from 0, one rounding when added.
+    const std::vector<float> m = values(mean), r = values(rstd);
+    std::vector<float> want_dw(C), want_db(C);
+    for (int c = 0; c < C; ++c) {
+      float tw = 0.0f, tb = 0.0f;
+      for (int r0 = 0; r0 < N; r0 += cudak::kColChunk) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int row = r0; row < std::min(N, r0 + cudak::kColChunk); ++row) {
+          const float d = dout[static_cast<size_t>(row) * C + c];
+          const float n = (x[static_cast<size_t>(row) * C + c] - m[row]) * r[row];
+          sb += d;
+          const float p = d * n;
+          sw += p;
+        }
+        tw += sw;
+        tb += sb;
+      }
+      want_dw[c] = round_to(f, dw0[c] + tw);
+      want_db[c] = round_to(f, db0[c] + tb);
+    }
+    compare("layernorm_backward dweight (chunk order)", g2[1], want_dw, f, kExact);
+    compare("layernorm_backward dbias (chunk order)", g2[2], want_db, f, kExact);
   }
 }
 
@@ -371,23 +394,32 @@ TEST_P(SimtKernels, Crossentropy) {
 
 TEST_P(SimtKernels, Reductions) {
   const DType f = GetParam();
-  // column sums (dbias): N <= 64 is exactly the CPU's row order; N = 200: chunks of 64
-  for (int N : {37, 200}) {
-    const int OC = 300;
+  // column sums (dbias): N <= 64 is exactly the CPU's row order; N = 200: chunks of 64, each
+  // in row order, the chunk sums in chunk order (rebuilt here: exact). OC = 300: the scalar
+  // path for 16-bit formats; 304: 16-byte vectors for every format.
+  for (const auto& [N, OC] : std::vector<std::pair<int, int>>{{37, 300}, {200, 300}, {200, 304}}) {
     auto dout = randv(static_cast<size_t>(N) * OC, f, 40, 0.1), db0 = randv(OC, f, 41, 0.1);
-    std::vector<float> want(OC);
+    std::vector<float> want(OC), want_rows(OC);
     for (int j = 0; j < OC; ++j) {
-      float s = 0;
+      float s = 0, total = 0;
       for (int i = 0; i < N; ++i) s += dout[static_cast<size_t>(i) * OC + j];
-      want[j] = round_to(f, db0[j] + s);
+      want_rows[j] = round_to(f, db0[j] + s);
+      for (int i0 = 0; i0 < N; i0 += cudak::kColChunk) {
+        float c = 0;
+        for (int i = i0; i < std::min(N, i0 + cudak::kColChunk); ++i)
+          c += dout[static_cast<size_t>(i) * OC + j];
+        total += c;
+      }
+      want[j] = round_to(f, db0[j] + total);
     }
     auto got = two_schedules([&] {
       Buf db = dev(db0, f), d = dev(dout, f), scratch(DType::F32, cudak::colsum_scratch(N, OC));
       cudak::colsum_accumulate(db.p(), d.p(), N, OC, f, scratch.f(), nullptr);
       return std::vector<Buf>{db};
     });
-    compare(N <= cudak::kColChunk ? "colsum (row order: exact)" : "colsum (chunks of 64)", got[0],
-            want, f,
+    compare("colsum (chunk order: exact)", got[0], want, f, kExact);
+    compare(N <= cudak::kColChunk ? "colsum (row order: exact)" : "colsum vs row order", got[0],
+            want_rows, f,
             N <= cudak::kColChunk ? kExact : Tol{false, f == DType::F32 ? 16.0 : 1.0, 1e-5});
   }
   // sum of squares: FP64, chunks of 64K as the CPU, another order inside: relative 2 n 2^-53
