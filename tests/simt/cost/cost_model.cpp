@@ -12,6 +12,21 @@ MathCost sm90_math_cost() {
   return MathCost{18, 42, 24, 1};
 }
 
+Params h200_calibration() {
+  // `simt_cost_model --refit` at 847381e's kernels (full-precision line of its header).
+  Params p;
+  p.t_launch_us = 0.0;  // 7e-15: the fit puts a launch's fixed cost into its first round
+  p.latency_us = 3.05811406;
+  p.u_log2 = 9;  // U = 512: in effect one round per stretch that loads anything
+  p.wave_exp = 0.0;  // 4e-16
+  p.overlap = 1.0;
+  p.req_per_us = 241.843964;
+  p.k_math = 0.964760127;
+  p.t_upload_us = 13.8578469;
+  p.t_fetch_us = 24.6920817;
+  return p;
+}
+
 int blocks_per_sm(const Gpu& g, unsigned threads_per_block, size_t smem_bytes) {
   int b = g.max_blocks_per_sm;
   if (threads_per_block > 0) {
