@@ -377,13 +377,14 @@ std::pair<int, int> check_layernorm_forward(const Tensor& out, const Tensor& mea
 }
 
 // The residual add's operand checks: out = a + b, out may alias a or b element for element.
+// (Fixed operand labels: no string is built on the training step's path.)
 void check_residual(const Tensor& out, const Tensor& a, const Tensor& b, DType s,
                     const char* what) {
   check_same(out, a, "residual out vs a");
   check_same(b, a, "residual b vs a");
-  check_operand(out, s, (std::string(what) + ": out").c_str());
-  check_operand(a, s, (std::string(what) + ": a").c_str());
-  check_operand(b, s, (std::string(what) + ": b").c_str());
+  check_operand(out, s, "residual out");
+  check_operand(a, s, "residual a");
+  check_operand(b, s, "residual b");
   check_elementwise_alias(out, a, what);
   check_elementwise_alias(out, b, what);
 }

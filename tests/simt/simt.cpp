@@ -1087,7 +1087,7 @@ namespace {
 // A global access of the running thread. Accesses to the thread's own stack (locals whose
 // address the compiler keeps in memory), to the launching thread's stack (the kernel's
 // argument tuple) and to the emulator's thread registers are not device memory.
-void record_global(const void* p, size_t n, bool write, uintptr_t pc, bool blocking = true) {
+void record_global(const void* p, size_t n, bool write, uintptr_t pc, bool blocking) {
   Runtime& r = rt();
   Fiber* f = r.cur;
   const char* c = static_cast<const char*>(p);
@@ -1177,7 +1177,7 @@ void on_access(const void* p, size_t n, bool write, uintptr_t pc) {
   if (!r.cur || r.failed) return;
   const size_t off = offset_of(p);
   if (off >= kSmemSpace) {  // not shared memory
-    if (r.opts.count_traffic) record_global(p, n, write, pc);
+    if (r.opts.count_traffic) record_global(p, n, write, pc, true);
     return;
   }
   check_access(r.cur, off, n, write);
