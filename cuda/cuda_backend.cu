@@ -487,8 +487,9 @@ void CudaBackend::matmul_forward(const Tensor& out, const Tensor& inp, const Ten
              storage, stream_);
 }
 
-// dinp = round(dout . weight) (overwritten); dweight = round(dweight + dout^T . inp) (one
-// beta = 1 GEMM, as the CPU); dbias = round(dbias + colsum(dout)) (reduce.cu).
+// dinp = round(dout . weight) (overwritten); dweight = round(dweight + round(dout^T . inp))
+// (BF16/FP16: the product in a scratch buffer, then one add; matmul.cu), as the CPU; dbias =
+// round(dbias + colsum(dout)) (reduce.cu).
 void CudaBackend::matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                   DType fmt) {
@@ -521,7 +522,10 @@ void CudaBackend::matmul_backward(const Tensor& dinp, const Tensor& dweight, con
   if (N == 0) return;
   if (dinp.defined())
     gemm_->backward_dinp(dinp.raw(), dout.raw(), weight.raw(), N, C, OC, s, stream_);
-  gemm_->backward_dweight(dweight.raw(), dout.raw(), inp.raw(), N, C, OC, s, stream_);
+  std::shared_ptr<Storage> product;
+  if (s != DType::F32) product = scratch(static_cast<size_t>(OC * C) * dtype_size(s));
+  gemm_->backward_dweight(dweight.raw(), product ? product->data : nullptr, dout.raw(), inp.raw(),
+                          N, C, OC, s, stream_);
   if (dbias.defined()) {
     const int n = to_int(N, "N"), oc = to_int(OC, "OC");
     auto scr = scratch(cudak::colsum_scratch(n, oc) * sizeof(float));

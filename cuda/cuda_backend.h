@@ -69,13 +69,16 @@ class LtGemm {
   // dinp (N,C) = dout (N,OC) . weight (OC,C), overwritten.
   void backward_dinp(void* dinp, const void* dout, const void* weight, int64_t N, int64_t C,
                      int64_t OC, DType dtype, cudaStream_t stream);
-  // dweight (OC,C) = round(dweight + round(dout^T . inp)) for BF16/FP16 (cuBLASLt rounds the
-  // product before adding C; measured, see matmul.cu), dweight + dout^T . inp for FP32.
-  void backward_dweight(void* dweight, const void* dout, const void* inp, int64_t N, int64_t C,
-                        int64_t OC, DType dtype, cudaStream_t stream);
-  // The product backward_dweight runs (for describe()).
-  static GemmOp dweight_op(void* dweight, const void* dout, const void* inp, int64_t N,
-                           int64_t C, int64_t OC, DType dtype);
+  // dweight (OC,C) = round(dweight + round(dout^T . inp)) for BF16/FP16, whatever algorithm
+  // cuBLASLt picks: the product goes to `product` (OC*C elements of dtype, not dweight) by a
+  // beta = 0 GEMM, then one add rounds the sum (matmul.cu, "Rounding"); FP32: dweight +=
+  // dout^T . inp by one beta = 1 GEMM (product unused, may be null).
+  void backward_dweight(void* dweight, void* product, const void* dout, const void* inp,
+                        int64_t N, int64_t C, int64_t OC, DType dtype, cudaStream_t stream);
+  // The GEMM D (OC,C) = dout^T . inp [+ D when beta = 1]; backward_dweight runs it with
+  // D = product, beta = 0 (BF16/FP16) or D = dweight, beta = 1 (FP32).
+  static GemmOp dweight_op(void* D, const void* dout, const void* inp, int64_t N, int64_t C,
+                           int64_t OC, DType dtype, float beta);
   size_t workspace_bytes() const { return workspace_bytes_; }
   // The algorithm cuBLASLt chose for g's plan: "algo A tile T stages S splitK K reduction R
   // ..." (planning it if needed; nothing is computed).
