@@ -375,7 +375,7 @@ if has_stage bench && ((PROGRAMS_OK)); then
   bench_step "$B/bench_gpu.txt" 90 "bench_gpu" "$BIN/bench_gpu"
   bench_step "$B/bench_attention.txt" 150 "bench attention" "$BIN/bench" attention
   if ((HAVE_TORCH)); then
-    bench_step "$B/torch.txt" 120 "torch attention" python3 tools/bench_torch_attention.py --ours "$B/bench_attention.txt"
+    bench_step "$B/torch.txt" 150 "torch attention" python3 tools/bench_torch_attention.py --ours "$B/bench_attention.txt"
   fi
   for attn in baseline flash stabilized_flash cudnn; do
     bench_step "$B/bench_train.txt" 120 "bench train --attention $attn" \
