@@ -324,7 +324,7 @@ fi
 TESTS="not run"
 TESTS_OK=1
 if has_stage test; then
-  begin_stage "${GPU_CHECK_TEST_S:-240}"
+  begin_stage "${GPU_CHECK_TEST_S:-260}"
   TESTS_OK=0
   if ((PROGRAMS_OK)); then
     tests=()
