@@ -27,7 +27,7 @@
 // elements equal round(C + round(acc)) (2026-11-27 call 2, Gpu.MatmulBackwardDweight-
 // RoundingModel); at the parity test's odd shape (C = 100, OC = 300, N = 111, views 8
 // elements in) the heuristic picks algo 23, which rounds once, round(C + acc): 99.92-99.99%
-// of the elements (2026-11-28, the same test's printed counts), after 2-27 of 30,000
+// of the elements (2026-11-28, the same test's printed counts), after 0-38 of 30,000
 // differed from a CPU that rounded once (2026-11-27 call 1) and 25% from one that rounds
 // twice (f8b7fb4's run). So backward_dweight never asks cuBLASLt to accumulate into a 16-bit D:
 // the product is a beta = 0 GEMM into a scratch buffer (one rounding at its store, as every
