@@ -35,7 +35,9 @@ void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* t
 void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
                        const void* bias, int N, int C, DType dtype, cudaStream_t stream);
 // res = round(a + b) (residual_forward), then layernorm_forward(out, mean, rstd, res, ...): one
-// kernel, bit-identical to the two. res must not overlap a, b, out, mean or rstd.
+// kernel, bit-identical to the two. res may be a or b (each thread reads its elements of a and
+// b before it writes them to res; the later passes read res only); it must not overlap out,
+// mean or rstd.
 void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
                                 const void* b, const void* weight, const void* bias, int N, int C,
                                 DType dtype, cudaStream_t stream);

@@ -236,7 +236,7 @@ TEST_P(SimtKernels, Layernorm) {
 
 // The residual add fused into the layernorm forward: against the CPU backend's pair (the
 // Backend default: residual_forward then layernorm_forward; same tolerances as above) and,
-// bit for bit, against the emulated unfused pair.
+// bit for bit, against the emulated unfused pair, also in place (res = a).
 TEST_P(SimtKernels, ResidualLayernormForwardIsThePairFused) {
   const DType f = GetParam();
   for (const auto& [N, C] : std::vector<std::pair<int, int>>{{67, 100}, {5, 768}, {9, 64}}) {
@@ -262,8 +262,18 @@ TEST_P(SimtKernels, ResidualLayernormForwardIsThePairFused) {
       cudak::layernorm_forward(o.p(), m.f(), s.f(), r.p(), wd.p(), bid.p(), N, C, f, nullptr);
       return std::vector<Buf>{r, o, m, s};
     });
-    for (size_t i = 0; i < 4; ++i)
+    // In place, res = a (the backend allows res to alias a or b element for element).
+    auto in_place = two_schedules([&] {
+      Buf o(f, n), m(DType::F32, N), s(DType::F32, N), ad = dev(a, f), bd = dev(b, f),
+          wd = dev(w, f), bid = dev(bi, f);
+      cudak::residual_layernorm_forward(ad.p(), o.p(), m.f(), s.f(), ad.p(), bd.p(), wd.p(),
+                                        bid.p(), N, C, f, nullptr);
+      return std::vector<Buf>{ad, o, m, s};
+    });
+    for (size_t i = 0; i < 4; ++i) {
       EXPECT_TRUE(same_bytes(fused[i], pair[i])) << "output " << i << " differs from the pair";
+      EXPECT_TRUE(same_bytes(in_place[i], pair[i])) << "in place: output " << i << " differs";
+    }
     compare("residual_layernorm res", fused[0], values(res), f, kExact);
     compare("residual_layernorm out", fused[1], values(out), f,
             Tol{false, f == DType::F32 ? 8.0 : 1.0, 4e-6});
