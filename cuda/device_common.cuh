@@ -98,6 +98,25 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
   return warp_max(v);
 }
 
+// Column c's sum of part[k * C + c] over k = 0 .. chunks-1, added in k order from 0 (the
+// second pass of the chunked column sums). The loads of kBatch chunks are issued before their
+// adds: a plain loop keeps the few loads in flight that nvcc unrolls (4), so a thousand
+// chunks cost hundreds of dependent L2 round trips; batching cuts them kBatch-fold. Same sum.
+template <int kBatch = 32>
+__device__ __forceinline__ float chunk_sum(const float* part, int chunks, int C, int c) {
+  float acc = 0.0f;
+  for (int k0 = 0; k0 < chunks; k0 += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (k0 + u < chunks) v[u] = part[static_cast<size_t>(k0 + u) * C + c];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (k0 + u < chunks) acc += v[u];
+  }
+  return acc;
+}
+
 // ---- host side ----
 
 template <class T>

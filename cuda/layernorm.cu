@@ -9,7 +9,9 @@
 // (2) dweight/dbias: column sums over rows in two passes, no atomics: chunks of kColChunk
 // rows are summed in row order per column into FP32 partials, then each column's partials
 // are summed in chunk order and added once: round(dw + sum). With N <= kColChunk that is
-// the CPU's row-order sum exactly.
+// the CPU's row-order sum exactly. For C <= 1024 (1) and the partials of (2) run as one
+// kernel, a block per chunk, with the same operations in the same order (same bits; dout
+// and inp are read once); wider rows run them as two kernels.
 // Rounding points are the CPU's; the only differences are the order of the row sums inside
 // a warp (lane-strided partials, then an XOR butterfly; the CPU sums sequentially) and the
 // chunked column sums, i.e. FP32 reassociation.
@@ -84,17 +86,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One row's dinp, by one warp (lanes stride the row by 32 * V). When sd and sdn are given
+// (the fused kernel), the second pass also stores each column's d and d * n (FP32, the
+// partial kernel's values: n = (x - m) * s rounded, then d * n rounded) at sd[c], sdn[c].
 template <class T, int V>
-__global__ void __launch_bounds__(kThreads)
-    layernorm_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight, const float* mean,
-                          const float* rstd, int N, int C) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const size_t off = static_cast<size_t>(row) * C;
-  const T* x = inp + off;
-  const T* d = dout + off;
-  const float m = mean[row], s = rstd[row];
+__device__ __forceinline__ void layernorm_dinp_row(T* di, const T* d, const T* x, const T* weight,
+                                                   float m, float s, int C, int lane, float* sd,
+                                                   float* sdn) {
   float dnm = 0.0f, dnnm = 0.0f;
   for (int c = lane * V; c < C; c += 32 * V) {
     const Vec<T, V> xv = load_vec<V>(x + c);
@@ -109,7 +107,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   dnm = warp_sum(dnm) / static_cast<float>(C);
   dnnm = warp_sum(dnnm) / static_cast<float>(C);
-  T* di = dinp + off;
   for (int c = lane * V; c < C; c += 32 * V) {
     const Vec<T, V> xv = load_vec<V>(x + c);
     const Vec<T, V> dv = load_vec<V>(d + c);
@@ -120,14 +117,86 @@ __global__ void __launch_bounds__(kThreads)
       const float n = (to_float(xv.v[k]) - m) * s;
       const float g = (to_float(wv.v[k]) * to_float(dv.v[k]) - dnm - n * dnnm) * s;
       gv.v[k] = from_float<T>(to_float(gv.v[k]) + g);
+      if (sd) {
+        const float dk = to_float(dv.v[k]);
+        sd[c + k] = dk;
+        sdn[c + k] = dk * n;
+      }
     }
     store_vec<V>(di + c, gv);
   }
 }
 
-// Partials of dweight and dbias for rows [chunk*kColChunk, ...) : part_dw/part_db (chunks, C).
-// One thread per V consecutive columns (16-byte loads when V > 1); each column's sums run over
-// the chunk's rows in row order, whatever V is.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    layernorm_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight, const float* mean,
+                          const float* rstd, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const size_t off = static_cast<size_t>(row) * C;
+  layernorm_dinp_row<T, V>(dinp + off, dout + off, inp + off, weight, mean[row], rstd[row], C,
+                           lane, nullptr, nullptr);
+}
+
+// The fused backward: one block per chunk of kColChunk rows writes the chunk's dinp rows and
+// its dweight/dbias partials, reading dout and inp once (the unfused pair reads them twice).
+// Rounds of kRowsPerBlock rows: warp w takes the round's row w, computes its dinp as
+// layernorm_dinp_kernel does and stages the row's d and d * n in shared memory; after a
+// barrier each thread adds the round's rows, in row order, into the accumulators of its
+// columns (c = threadIdx.x + i * kThreads). Each column's partial is therefore the partial
+// kernel's sum (the chunk's rows in row order, the same rounded terms): same bits.
+constexpr int kFusedColsPerThread = 4;  // C <= 1024
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    layernorm_backward_fused_kernel(T* dinp, float* part_dw, float* part_db, const T* dout,
+                                    const T* inp, const T* weight, const float* mean,
+                                    const float* rstd, int N, int C) {
+  ST_SHARED_DYNAMIC(float, stage, 16);  // [kRowsPerBlock][C] of d, then [kRowsPerBlock][C] of d*n
+  float* const sd = stage;
+  float* const sdn = stage + static_cast<size_t>(kRowsPerBlock) * C;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunk = blockIdx.x;
+  const int r0 = chunk * kColChunk;
+  const int r1 = min(N, r0 + kColChunk);
+  float dw[kFusedColsPerThread], db[kFusedColsPerThread];
+#pragma unroll
+  for (int i = 0; i < kFusedColsPerThread; ++i) dw[i] = db[i] = 0.0f;
+  for (int rb = r0; rb < r1; rb += kRowsPerBlock) {
+    const int row = rb + warp;
+    if (row < r1) {
+      const size_t off = static_cast<size_t>(row) * C;
+      layernorm_dinp_row<T, V>(dinp + off, dout + off, inp + off, weight, mean[row], rstd[row],
+                               C, lane, sd + static_cast<size_t>(warp) * C,
+                               sdn + static_cast<size_t>(warp) * C);
+    }
+    __syncthreads();
+    const int rows = min(kRowsPerBlock, r1 - rb);
+#pragma unroll
+    for (int i = 0; i < kFusedColsPerThread; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+      if (c < C) {
+        for (int w = 0; w < rows; ++w) {
+          db[i] += sd[static_cast<size_t>(w) * C + c];
+          dw[i] += sdn[static_cast<size_t>(w) * C + c];
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kFusedColsPerThread; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    if (c < C) {
+      part_dw[static_cast<size_t>(chunk) * C + c] = dw[i];
+      part_db[static_cast<size_t>(chunk) * C + c] = db[i];
+    }
+  }
+}
+
+// Partials of dweight and dbias for rows [chunk*kColChunk, ...) : part_dw/part_db (chunks, C),
+// for rows wider than the fused kernel takes. One thread per V consecutive columns (16-byte
+// loads when V > 1); each column's sums run over the chunk's rows in row order, whatever V is.
 template <class T, int V>
 __global__ void layernorm_dwdb_partial_kernel(float* part_dw, float* part_db, const T* dout,
                                               const T* inp, const float* mean, const float* rstd,
@@ -140,16 +209,33 @@ __global__ void layernorm_dwdb_partial_kernel(float* part_dw, float* part_db, co
   float dw[V], db[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) dw[k] = db[k] = 0.0f;
-  for (int r = r0; r < r1; ++r) {
-    const size_t i = static_cast<size_t>(r) * C + c;
-    const Vec<T, V> dv = load_vec<V>(dout + i);
-    const Vec<T, V> xv = load_vec<V>(inp + i);
-    const float m = mean[r], s = rstd[r];
+  // Rows in batches of kRowBatch: the batch's loads first, then its adds in row order (4:
+  // 8 rows of two 16-byte vectors took 168 registers, one block per SM).
+  constexpr int kRowBatch = 4;
+  static_assert(kColChunk % kRowBatch == 0, "a chunk is whole batches");
+  for (int rb = r0; rb < r1; rb += kRowBatch) {
+    Vec<T, V> dv[kRowBatch], xv[kRowBatch];
+    float m[kRowBatch], s[kRowBatch];
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float d = to_float(dv.v[k]);
-      db[k] += d;
-      dw[k] += d * ((to_float(xv.v[k]) - m) * s);
+    for (int u = 0; u < kRowBatch; ++u) {
+      if (rb + u < r1) {
+        const size_t i = static_cast<size_t>(rb + u) * C + c;
+        dv[u] = load_vec<V>(dout + i);
+        xv[u] = load_vec<V>(inp + i);
+        m[u] = mean[rb + u];
+        s[u] = rstd[rb + u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowBatch; ++u) {
+      if (rb + u < r1) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float d = to_float(dv[u].v[k]);
+          db[k] += d;
+          dw[k] += d * ((to_float(xv[u].v[k]) - m[u]) * s[u]);
+        }
+      }
     }
   }
 #pragma unroll
@@ -164,11 +250,8 @@ __global__ void layernorm_dwdb_final_kernel(T* dweight, T* dbias, const float* p
                                             const float* part_db, int chunks, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float dw = 0.0f, db = 0.0f;
-  for (int k = 0; k < chunks; ++k) {
-    dw += part_dw[static_cast<size_t>(k) * C + c];
-    db += part_db[static_cast<size_t>(k) * C + c];
-  }
+  const float dw = chunk_sum(part_dw, chunks, C, c);
+  const float db = chunk_sum(part_db, chunks, C, c);
   dweight[c] = from_float<T>(to_float(dweight[c]) + dw);
   dbias[c] = from_float<T>(to_float(dbias[c]) + db);
 }
@@ -252,27 +335,45 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout
     const auto* x = static_cast<const T*>(inp);
     const auto* w = static_cast<const T*>(weight);
     auto* di = static_cast<T*>(dinp);
-    const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
     const bool wide =
         C % W == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
-    if (wide) {
-      cudak::launch(layernorm_dinp_kernel<T, W>, grid, kThreads, 0, stream, di, d, x, w, mean, rstd,
-                    N, C);
-    } else {
-      cudak::launch(layernorm_dinp_kernel<T, 1>, grid, kThreads, 0, stream, di, d, x, w, mean, rstd,
-                    N, C);
+    if (C <= kFusedColsPerThread * kThreads) {  // fused: 64 * C bytes of staging per block
+      const size_t smem = 2 * static_cast<size_t>(kRowsPerBlock) * C * sizeof(float);
+      auto kernel = wide ? layernorm_backward_fused_kernel<T, W>
+                         : layernorm_backward_fused_kernel<T, 1>;
+      if (smem > 48 * 1024)
+        ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+      cudak::launch(kernel, static_cast<unsigned>(chunks), kThreads, smem, stream, di, part_dw,
+                    part_db, d, x, w, mean, rstd, N, C);
+      ST_CUDA_CHECK_LAUNCH("layernorm_backward_fused_kernel");
+    } else {  // wider rows: dinp, then the partials in a second read of dout and inp
+      const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+      if (wide) {
+        cudak::launch(layernorm_dinp_kernel<T, W>, grid, kThreads, 0, stream, di, d, x, w, mean,
+                      rstd, N, C);
+      } else {
+        cudak::launch(layernorm_dinp_kernel<T, 1>, grid, kThreads, 0, stream, di, d, x, w, mean,
+                      rstd, N, C);
+      }
+      ST_CUDA_CHECK_LAUNCH("layernorm_dinp_kernel");
+      if (C % W == 0 && aligned16(dout) && aligned16(inp)) {
+        const unsigned vtiles = static_cast<unsigned>((C / W + kColThreads - 1) / kColThreads);
+        cudak::launch(layernorm_dwdb_partial_kernel<T, W>,
+                      dim3(static_cast<unsigned>(chunks), vtiles), kColThreads, 0, stream, part_dw,
+                      part_db, d, x, mean, rstd, N, C);
+      } else {
+        cudak::launch(layernorm_dwdb_partial_kernel<T, 1>,
+                      dim3(static_cast<unsigned>(chunks), ctiles), kColThreads, 0, stream, part_dw,
+                      part_db, d, x, mean, rstd, N, C);
+      }
+      ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_partial_kernel");
     }
-    ST_CUDA_CHECK_LAUNCH("layernorm_dinp_kernel");
-    if (C % W == 0 && aligned16(dout) && aligned16(inp)) {
-      const unsigned vtiles = static_cast<unsigned>((C / W + kColThreads - 1) / kColThreads);
-      cudak::launch(layernorm_dwdb_partial_kernel<T, W>, dim3(static_cast<unsigned>(chunks), vtiles),
-                    kColThreads, 0, stream, part_dw, part_db, d, x, mean, rstd, N, C);
-    } else {
-      cudak::launch(layernorm_dwdb_partial_kernel<T, 1>, dim3(static_cast<unsigned>(chunks), ctiles),
-                    kColThreads, 0, stream, part_dw, part_db, d, x, mean, rstd, N, C);
-    }
-    ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_partial_kernel");
-    cudak::launch(layernorm_dwdb_final_kernel<T>, ctiles, kColThreads, 0, stream,
+    // 64 threads a block: the final pass is latency-bound, so it spreads over more SMs
+    constexpr int kFinalThreads = 64;
+    cudak::launch(layernorm_dwdb_final_kernel<T>,
+                  static_cast<unsigned>((C + kFinalThreads - 1) / kFinalThreads), kFinalThreads, 0,
+                  stream,
                   static_cast<T*>(dweight), static_cast<T*>(dbias), part_dw, part_db, chunks, C);
     ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_final_kernel");
   });

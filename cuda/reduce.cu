@@ -2,7 +2,8 @@
 //  - colsum_accumulate (matmul dbias): dbias[j] = round(dbias[j] + sum_i dout[i][j]).
 //    Pass 1: one thread per column per chunk of kColChunk rows sums the chunk in row order
 //    (FP32) into a partial; pass 2: one thread per column sums the partials in chunk order
-//    and adds once. N <= kColChunk gives the CPU's row-order sum exactly.
+//    and adds once. N <= kColChunk gives the CPU's row-order sum exactly. Both passes issue
+//    the loads of a batch of rows (chunks) before adding them in order (chunk_sum).
 //  - sum_squares: the CPU's composition (layers/reduce_cpu.cpp): chunks of kSumChunk = 64K
 //    elements, each summed in FP64, then the chunk sums added in chunk order from 0. Inside
 //    a chunk a block sums in a fixed tree (each thread a strided sequence, then block_sum)
@@ -20,7 +21,12 @@ namespace st::cudak {
 namespace {
 
 // One thread per V consecutive columns (16-byte loads when V > 1); each column's sum runs
-// over the chunk's rows in row order, whatever V is.
+// over the chunk's rows in row order, whatever V is. The rows come in batches of kRowBatch
+// whose loads are all issued before the first add (kRowBatch loads in flight per thread; a
+// plain loop's next load waits for the add that uses the previous one, as nvcc compiled the
+// V = 8 loop: 2 rows in flight, and the V = 1 loop: 4), then added in row order.
+constexpr int kRowBatch = 8;
+static_assert(kColChunk % kRowBatch == 0, "a chunk is whole batches (but N need not be)");
 template <class T, int V>
 __global__ void colsum_partial_kernel(float* part, const T* x, int N, int C) {
   const int chunk = blockIdx.x;
@@ -31,10 +37,17 @@ __global__ void colsum_partial_kernel(float* part, const T* x, int N, int C) {
   float acc[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) acc[k] = 0.0f;
-  for (int r = r0; r < r1; ++r) {
-    const Vec<T, V> v = load_vec<V>(x + static_cast<size_t>(r) * C + c);
+  for (int rb = r0; rb < r1; rb += kRowBatch) {
+    Vec<T, V> v[kRowBatch];
 #pragma unroll
-    for (int k = 0; k < V; ++k) acc[k] += to_float(v.v[k]);
+    for (int u = 0; u < kRowBatch; ++u)
+      if (rb + u < r1) v[u] = load_vec<V>(x + static_cast<size_t>(rb + u) * C + c);
+#pragma unroll
+    for (int u = 0; u < kRowBatch; ++u)
+      if (rb + u < r1) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += to_float(v[u].v[k]);
+      }
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) part[static_cast<size_t>(chunk) * C + c + k] = acc[k];
@@ -44,9 +57,7 @@ template <class T>
 __global__ void colsum_final_kernel(T* dst, const float* part, int chunks, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float acc = 0.0f;
-  for (int k = 0; k < chunks; ++k) acc += part[static_cast<size_t>(k) * C + c];
-  dst[c] = from_float<T>(to_float(dst[c]) + acc);
+  dst[c] = from_float<T>(to_float(dst[c]) + chunk_sum(part, chunks, C, c));
 }
 
 constexpr int kSumThreads = 512;
@@ -121,8 +132,11 @@ void colsum_accumulate(void* dbias, const void* dout, int N, int OC, DType dtype
                     kThreads, 0, stream, scratch, d, N, OC);
     }
     ST_CUDA_CHECK_LAUNCH("colsum_partial_kernel");
-    cudak::launch(colsum_final_kernel<T>, ctiles, kThreads, 0, stream, static_cast<T*>(dbias),
-                  scratch, chunks, OC);
+    constexpr int kColFinalThreads = 64;  // latency-bound: over more SMs
+    cudak::launch(colsum_final_kernel<T>,
+                  static_cast<unsigned>((OC + kColFinalThreads - 1) / kColFinalThreads),
+                  kColFinalThreads,
+                  0, stream, static_cast<T*>(dbias), scratch, chunks, OC);
     ST_CUDA_CHECK_LAUNCH("colsum_final_kernel");
   });
 }

@@ -168,7 +168,11 @@ TEST_P(SimtKernels, EncoderBackwardSortsOnTheDevice) {
 
 TEST_P(SimtKernels, Layernorm) {
   const DType f = GetParam();
-  for (const auto& [N, C] : std::vector<std::pair<int, int>>{{67, 100}, {5, 768}}) {
+  // C <= 1024: the fused backward (one block per 64-row chunk; N = 67 and 5 end in part
+  // chunks, 136 in a part round of 8 rows); C = 1040: dinp and the partials as two kernels.
+  for (const auto& [N, C] :
+       std::vector<std::pair<int, int>>{{67, 100}, {5, 768}, {136, 256}, {70, 1040}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
     auto x = randv(static_cast<size_t>(N) * C, f, 10, 1.0, 0.3), w = randv(C, f, 11, 0.1, 1.0),
          b = randv(C, f, 12, 0.1);
     Tensor out = Tensor::empty({N, C}, DType::F32), mean = Tensor::empty({N}, DType::F32),
@@ -406,8 +410,11 @@ TEST_P(SimtKernels, Reductions) {
   const DType f = GetParam();
   // column sums (dbias): N <= 64 is exactly the CPU's row order; N = 200: chunks of 64, each
   // in row order, the chunk sums in chunk order (rebuilt here: exact). OC = 300: the scalar
-  // path for 16-bit formats; 304: 16-byte vectors for every format.
-  for (const auto& [N, OC] : std::vector<std::pair<int, int>>{{37, 300}, {200, 300}, {200, 304}}) {
+  // path for 16-bit formats; 304: 16-byte vectors for every format; N = 2100: 33 chunks, more
+  // than one batch of the second pass (chunk_sum loads 32 chunks at a time).
+  for (const auto& [N, OC] :
+       std::vector<std::pair<int, int>>{{37, 300}, {200, 300}, {200, 304}, {2100, 40}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " OC=" + std::to_string(OC));
     auto dout = randv(static_cast<size_t>(N) * OC, f, 40, 0.1), db0 = randv(OC, f, 41, 0.1);
     std::vector<float> want(OC), want_rows(OC);
     for (int j = 0; j < OC; ++j) {
