@@ -359,6 +359,41 @@ size_t GPT2::activation_bytes() const {
 Tensor GPT2::residual_in(int l) const { return l == 0 ? acts_.encoded : acts_.residual3[l - 1]; }
 
 float GPT2::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+  forward_trunk(tokens, B, T);
+  if (!targets) return std::numeric_limits<float>::quiet_NaN();
+  Acts& a = acts_;
+  std::copy(targets, targets + B * T, a.targets.data<int32_t>());
+  be_.crossentropy_forward_backward(a.losses, Tensor(), a.logits, a.targets, cfg_.vocab_size,
+                                    0.0f, compute_);
+  has_targets_ = true;
+  return fetch_mean_loss();
+}
+
+float GPT2::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T,
+                             int grad_accum_steps) {
+  ST_CHECK(targets, "forward_backward needs targets");
+  forward_trunk(tokens, B, T);
+  Acts& a = acts_;
+  std::copy(targets, targets + B * T, a.targets.data<int32_t>());
+  // backward_pass's classifier writes the losses and dlogits in one pass over the logits:
+  // the same losses forward() computes, without forward()'s loss-only pass.
+  backward_pass(grad_accum_steps);
+  return fetch_mean_loss();
+}
+
+float GPT2::fetch_mean_loss() {
+  const Acts& a = acts_;
+  const int n = a.B * a.T;
+  Tensor host = Tensor::empty({a.B, a.T}, DType::F64);
+  be_.copy(host, a.losses);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += host.data<double>()[i];
+  mean_loss_ = sum / n;
+  return static_cast<float>(mean_loss_);
+}
+
+void GPT2::forward_trunk(const int32_t* tokens, int B, int T) {
+  has_targets_ = false;
   ensure_acts(B, T);
   const DType f = compute_;
   Acts& a = acts_;
@@ -391,17 +426,6 @@ float GPT2::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     }
   }
   be_.matmul_forward(a.logits, a.lnf, params_[kWte], Tensor(), f);
-  if (!targets) return std::numeric_limits<float>::quiet_NaN();
-  std::copy(targets, targets + B * T, a.targets.data<int32_t>());
-  be_.crossentropy_forward_backward(a.losses, Tensor(), a.logits, a.targets, cfg_.vocab_size,
-                                    0.0f, f);
-  Tensor host = Tensor::empty({B, T}, DType::F64);
-  be_.copy(host, a.losses);
-  double sum = 0;
-  for (int i = 0; i < B * T; ++i) sum += host.data<double>()[i];
-  has_targets_ = true;
-  mean_loss_ = sum / (B * T);
-  return static_cast<float>(mean_loss_);
 }
 
 void GPT2::zero_grad() {
@@ -411,8 +435,12 @@ void GPT2::zero_grad() {
 
 void GPT2::backward(int grad_accum_steps) {
   ST_CHECK(has_targets_, "backward needs a forward with targets first");
-  ST_CHECK(grad_accum_steps > 0, "grad_accum_steps must be positive");
   has_targets_ = false;
+  backward_pass(grad_accum_steps);
+}
+
+void GPT2::backward_pass(int grad_accum_steps) {
+  ST_CHECK(grad_accum_steps > 0, "grad_accum_steps must be positive");
   // kSeparate after the first micro-batch: this micro-batch's gradient goes to the scratch
   // buffer (from zero) and is added to the sum at the end.
   const bool separate = accum_mode_ == GradAccumMode::kSeparate && !grads_zero_;

@@ -184,6 +184,14 @@ class GPT2 {
   // accumulate the mean gradient; the loss scale (fp16) multiplies it. The gradient joins
   // the sum as set_grad_accum_mode says (default kFused).
   void backward(int grad_accum_steps = 1);
+  // A training micro-step: forward(tokens, targets, B, T) then backward(grad_accum_steps),
+  // with the classifier run once: its one pass over the logits writes the losses and
+  // dlogits (over the logits), where forward() + backward() run a loss-only pass and then
+  // the loss+dlogits pass. Losses, gradients and mean_loss() are the bits of forward() +
+  // backward(); the loss is read back after the backward is queued. backward() may not
+  // follow it.
+  float forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T,
+                         int grad_accum_steps = 1);
   void set_grad_accum_mode(GradAccumMode m) { accum_mode_ = m; }
   // Takes effect at the next forward (activations are reallocated).
   void set_recompute(Recompute r);
@@ -248,6 +256,9 @@ class GPT2 {
     Tensor dresidual, dbtc, dbt4c, dqkv, datty;
   };
   void ensure_acts(int B, int T);
+  void forward_trunk(const int32_t* tokens, int B, int T);  // up to the logits
+  void backward_pass(int grad_accum_steps);  // the classifier's loss+dlogits pass onwards
+  float fetch_mean_loss();                   // mean_loss_ from the losses on the device
   Tensor residual_in(int layer) const;
   // Layer l's activations that recomputation may share between layers.
   Tensor ln1(int l) const { return recompute_ == Recompute::kGeluLayernorm ? acts_.ln1[0] : acts_.ln1[l]; }

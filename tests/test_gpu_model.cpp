@@ -1,8 +1,9 @@
 // The whole GPT-2 on the GPU (label gpu; every test FAILS, never skips, without a GPU):
 //  - parity with the CPU backend: forward loss, every gradient tensor, and 10 AdamW steps
 //    (losses and weights), in FP32 and BF16, baseline attention and per-layer overrides;
-//  - run-to-run determinism (identical losses and weight bits) and activation
-//    recomputation (same bits, less memory) on the GPU;
+//  - run-to-run determinism (identical losses and weight bits), activation recomputation
+//    (same bits, less memory) and forward_backward (the bits of forward + backward) on the
+//    GPU;
 //  - the trainer on the GPU: two runs identical, 10 steps + resume + 10 steps equal to 20
 //    straight (losses, weights hash, metrics), hooks and the text sample working (baseline,
 //    a flash layer, a cudnn layer);
@@ -102,8 +103,13 @@ struct Trace {
 // model can fit, so its loss falls (GpuModelSetup checks that on the CPU).
 enum class Data { kFresh, kRepeated };
 
+// kForwardBackward: GPT2::forward_backward (the training step's one classifier pass)
+// instead of forward() then backward().
+enum class Pass { kSeparate, kForwardBackward };
+
 Trace run_model(Backend& be, DType prec, const std::vector<AttentionConfig>& attn, int steps,
-                Recompute rc = Recompute::kNone, Data data = Data::kFresh) {
+                Recompute rc = Recompute::kNone, Data data = Data::kFresh,
+                Pass pass = Pass::kSeparate) {
   const GPT2Config cfg = small_cfg();
   GPT2 m(cfg, be, prec, attn);
   m.set_recompute(rc);
@@ -115,8 +121,12 @@ Trace run_model(Backend& be, DType prec, const std::vector<AttentionConfig>& att
   for (int s = 0; s < steps; ++s) {
     batch(tok, tgt, cfg.vocab_size, data == Data::kFresh ? 500 + s : 500);
     m.zero_grad();
-    tr.losses.push_back(m.forward(tok.data(), tgt.data(), kB, kT));
-    m.backward();
+    if (pass == Pass::kForwardBackward) {
+      tr.losses.push_back(m.forward_backward(tok.data(), tgt.data(), kB, kT));
+    } else {
+      tr.losses.push_back(m.forward(tok.data(), tgt.data(), kB, kT));
+      m.backward();
+    }
     if (s == 0)
       for (int id = 0; id < kNumParams; ++id) tr.grads0.push_back(to_doubles(be, m.grad(id)));
     m.step(1e-3f, opt);
@@ -301,6 +311,8 @@ TEST(GpuModel, RunsAreBitIdenticalAndRecomputationKeepsTheBits) {
       const Trace a = run_model(*be, prec, attn, kSteps);
       const Trace b = run_model(*be, prec, attn, kSteps);
       const Trace r = run_model(*be, prec, attn, kSteps, Recompute::kGeluLayernorm);
+      const Trace fb = run_model(*be, prec, attn, kSteps, Recompute::kNone, Data::kFresh,
+                                 Pass::kForwardBackward);
       const std::string what = std::string(dtype_name(prec)) + " " + a.attention_names[0] + "+" +
                                a.attention_names[1];
       ASSERT_EQ(a.losses.size(), static_cast<size_t>(kSteps));
@@ -312,9 +324,14 @@ TEST(GpuModel, RunsAreBitIdenticalAndRecomputationKeepsTheBits) {
       EXPECT_EQ(0, std::memcmp(a.weights.data(), r.weights.data(), a.weights.size() * 4))
           << what << " with recomputation";
       EXPECT_LT(r.activation_bytes, a.activation_bytes);
+      EXPECT_EQ(0, std::memcmp(a.losses.data(), fb.losses.data(), kSteps * sizeof(float)))
+          << what << " with forward_backward";
+      EXPECT_EQ(a.grads0, fb.grads0) << what << " with forward_backward";
+      EXPECT_EQ(0, std::memcmp(a.weights.data(), fb.weights.data(), a.weights.size() * 4))
+          << what << " with forward_backward";
       std::printf("determinism %s: 2 runs x %d steps bit-identical; recompute gelu_layernorm "
-                  "identical, activations %zu -> %zu bytes\n", what.c_str(), kSteps,
-                  a.activation_bytes, r.activation_bytes);
+                  "identical, activations %zu -> %zu bytes; forward_backward identical\n",
+                  what.c_str(), kSteps, a.activation_bytes, r.activation_bytes);
     }
   }
 }

@@ -106,6 +106,53 @@ TEST(Model, TrainingIsBitForBitDeterministic) {
   }
 }
 
+// forward_backward (one classifier pass for the loss and dlogits) is forward() then
+// backward() bit for bit: losses, gradients and weights over steps of two micro-batches, in
+// both accumulation modes and with FP16's loss scale; and backward() may not follow it.
+TEST(Model, ForwardBackwardIsForwardThenBackward) {
+  for (DType prec : {DType::F32, DType::BF16, DType::F16}) {
+    for (GradAccumMode mode : {GradAccumMode::kFused, GradAccumMode::kSeparate}) {
+      std::vector<double> losses[2], grads[2];
+      std::vector<float> weights[2];
+      for (int path = 0; path < 2; ++path) {
+        auto be = make_cpu_backend();
+        GPT2 m(tiny(), *be, prec);
+        m.set_grad_accum_mode(mode);
+        m.init_weights(3);
+        std::vector<int32_t> tok, tgt;
+        OptimConfig opt;
+        opt.weight_decay = 0.1f;
+        for (int s = 0; s < 3; ++s) {
+          m.zero_grad();
+          for (int a = 0; a < 2; ++a) {
+            batch(tok, tgt, 2 * 11, 61, 300 + 2 * s + a);
+            if (path == 0) {
+              m.forward(tok.data(), tgt.data(), 2, 11);
+              m.backward(2);
+            } else {
+              m.forward_backward(tok.data(), tgt.data(), 2, 11, 2);
+              EXPECT_THROW(m.backward(2), Error);
+            }
+            losses[path].push_back(m.mean_loss());
+          }
+          const auto g = flat_grads(m);
+          grads[path].insert(grads[path].end(), g.begin(), g.end());
+          m.step(1e-2f, opt);
+        }
+        weights[path] = m.master_fp32();
+      }
+      const std::string what = std::string(dtype_name(prec)) +
+                               (mode == GradAccumMode::kFused ? " fused" : " separate");
+      EXPECT_EQ(losses[0], losses[1]) << what;
+      EXPECT_TRUE(std::isfinite(losses[0].back()) && losses[0].back() > 0) << what;
+      EXPECT_EQ(grads[0], grads[1]) << what;
+      ASSERT_EQ(weights[0].size(), weights[1].size());
+      EXPECT_EQ(0, std::memcmp(weights[0].data(), weights[1].data(), weights[0].size() * 4))
+          << what;
+    }
+  }
+}
+
 // Recomputed activations are the forward's bits: losses, gradients and weights of a few
 // steps are identical with and without recomputation, and less activation memory is held.
 TEST(Model, RecomputationChangesMemoryNotBits) {

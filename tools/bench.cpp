@@ -84,8 +84,7 @@ StepResult run_steps(const GPT2Config& cfg, DType prec, int B, int T, int steps,
     }
     const auto t0 = std::chrono::steady_clock::now();
     model.zero_grad();
-    const float loss = model.forward(tok.data(), tgt.data(), B, T);
-    model.backward();
+    const float loss = model.forward_backward(tok.data(), tgt.data(), B, T);
     model.step(3e-4f, opt);
     const auto t1 = std::chrono::steady_clock::now();
     if (s == 0) {
@@ -265,8 +264,7 @@ int run_backends(const std::string& data_path, const std::string& precisions, in
           }
         }
         m.zero_grad();
-        losses.push_back(m.forward(x.data(), y.data(), B, T));
-        m.backward();
+        losses.push_back(m.forward_backward(x.data(), y.data(), B, T));
         m.step(2e-3f * std::min(1.0f, (s + 1) / 20.0f), opt);
       }
       secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -77,8 +77,7 @@ struct Setup {
   double step(float* loss = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     model->zero_grad();
-    const float l = model->forward(tok.data(), tgt.data(), B, T);
-    model->backward();
+    const float l = model->forward_backward(tok.data(), tgt.data(), B, T);
     OptimConfig opt;
     opt.weight_decay = 0.1f;
     model->step(3e-4f, opt);

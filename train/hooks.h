@@ -57,8 +57,8 @@ class StabilityHooks {
   void at_start();
   // Before the forward passes of step s: collect attention statistics on hook steps.
   void begin_step(int64_t s);
-  // Before the backward of step s's last micro-batch: the delta-drift recompute runs
-  // inside that backward (GPT2 attention observer) on hook steps.
+  // Before the forward_backward of step s's last micro-batch: the delta-drift recompute
+  // runs inside that backward (GPT2 attention observer) on hook steps.
   void before_last_backward(int64_t s);
   // After step s's backward, before its update: gradient norms and attention statistics.
   void after_backward(int64_t s);

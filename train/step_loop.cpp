@@ -282,10 +282,10 @@ TrainResult Run::go() {
     std::vector<double> slot(AW, 0.0);
     for (int a = 0; a < A; ++a) {
       train_loader_->next(x.data(), y.data());
-      model_->forward(x.data(), y.data(), B, T);
-      slot[a * world_ + rank_] = model_->mean_loss();
       if (a == A - 1 && lead()) hooks_->before_last_backward(s);
-      model_->backward(AW);
+      // One classifier pass for the loss and dlogits (GPT2::forward_backward).
+      model_->forward_backward(x.data(), y.data(), B, T, AW);
+      slot[a * world_ + rank_] = model_->mean_loss();
     }
     const auto tc0 = std::chrono::steady_clock::now();  // communication time of the step
     if (world_ > 1) comm_->all_reduce_host(slot.data(), AW, "the losses of step " + std::to_string(s));
