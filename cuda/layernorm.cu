@@ -141,20 +141,33 @@ __global__ void __launch_bounds__(kThreads)
 
 // The fused backward: one block per chunk of kColChunk rows writes the chunk's dinp rows and
 // its dweight/dbias partials, reading dout and inp once (the unfused pair reads them twice).
-// Rounds of kRowsPerBlock rows: warp w takes the round's row w, computes its dinp as
+// Rounds of kFusedWarps rows: warp w takes the round's row w, computes its dinp as
 // layernorm_dinp_kernel does and stages the row's d and d * n in shared memory; after a
 // barrier each thread adds the round's rows, in row order, into the accumulators of its
-// columns (c = threadIdx.x + i * kThreads). Each column's partial is therefore the partial
-// kernel's sum (the chunk's rows in row order, the same rounded terms): same bits.
-constexpr int kFusedColsPerThread = 4;  // C <= 1024
-template <class T, int V>
-__global__ void __launch_bounds__(kThreads)
+// columns (c = threadIdx.x + i * kFusedThreads). Each column's partial is therefore the
+// partial kernel's sum (the chunk's rows in row order, the same rounded terms): same bits.
+// kWarps rows a round: 32 warps (2 rounds per chunk, one block of 192 KiB staging per SM at
+// C = 768) where the staging fits in an SM's 227 KiB (C <= 896), else 16 (4 rounds, C <=
+// 1024). Each round costs a dependent load of the rows and a barrier; the cost model put 8
+// warps at 64.4 us for B*T = 8192 x 768 (8 rounds), 16 at 40.0, 32 at 27.7 (tests/simt/cost,
+// 2026-11-29).
+constexpr int kFusedMaxC = 1024;
+constexpr size_t kFusedMaxSmem = 227 * 1024;  // dynamic shared memory per block, sm_90
+template <int kWarps>
+constexpr size_t fused_smem(int C) {
+  return 2 * static_cast<size_t>(kWarps) * static_cast<size_t>(C) * sizeof(float);
+}
+template <class T, int V, int kFusedWarps>
+__global__ void __launch_bounds__(32 * kFusedWarps)
     layernorm_backward_fused_kernel(T* dinp, float* part_dw, float* part_db, const T* dout,
                                     const T* inp, const T* weight, const float* mean,
                                     const float* rstd, int N, int C) {
-  ST_SHARED_DYNAMIC(float, stage, 16);  // [kRowsPerBlock][C] of d, then [kRowsPerBlock][C] of d*n
+  constexpr int kFusedThreads = 32 * kFusedWarps;
+  constexpr int kFusedColsPerThread = (kFusedMaxC + kFusedThreads - 1) / kFusedThreads;
+  static_assert(kColChunk % kFusedWarps == 0, "a chunk is whole rounds");
+  ST_SHARED_DYNAMIC(float, stage, 16);  // [kFusedWarps][C] of d, then [kFusedWarps][C] of d*n
   float* const sd = stage;
-  float* const sdn = stage + static_cast<size_t>(kRowsPerBlock) * C;
+  float* const sdn = stage + static_cast<size_t>(kFusedWarps) * C;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = blockIdx.x;
   const int r0 = chunk * kColChunk;
@@ -162,7 +175,7 @@ __global__ void __launch_bounds__(kThreads)
   float dw[kFusedColsPerThread], db[kFusedColsPerThread];
 #pragma unroll
   for (int i = 0; i < kFusedColsPerThread; ++i) dw[i] = db[i] = 0.0f;
-  for (int rb = r0; rb < r1; rb += kRowsPerBlock) {
+  for (int rb = r0; rb < r1; rb += kFusedWarps) {
     const int row = rb + warp;
     if (row < r1) {
       const size_t off = static_cast<size_t>(row) * C;
@@ -171,10 +184,10 @@ __global__ void __launch_bounds__(kThreads)
                                sdn + static_cast<size_t>(warp) * C);
     }
     __syncthreads();
-    const int rows = min(kRowsPerBlock, r1 - rb);
+    const int rows = min(kFusedWarps, r1 - rb);
 #pragma unroll
     for (int i = 0; i < kFusedColsPerThread; ++i) {
-      const int c = threadIdx.x + i * kThreads;
+      const int c = threadIdx.x + i * kFusedThreads;
       if (c < C) {
         for (int w = 0; w < rows; ++w) {
           db[i] += sd[static_cast<size_t>(w) * C + c];
@@ -186,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int i = 0; i < kFusedColsPerThread; ++i) {
-    const int c = threadIdx.x + i * kThreads;
+    const int c = threadIdx.x + i * kFusedThreads;
     if (c < C) {
       part_dw[static_cast<size_t>(chunk) * C + c] = dw[i];
       part_db[static_cast<size_t>(chunk) * C + c] = db[i];
@@ -337,15 +350,20 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout
     auto* di = static_cast<T*>(dinp);
     const bool wide =
         C % W == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
-    if (C <= kFusedColsPerThread * kThreads) {  // fused: 64 * C bytes of staging per block
-      const size_t smem = 2 * static_cast<size_t>(kRowsPerBlock) * C * sizeof(float);
-      auto kernel = wide ? layernorm_backward_fused_kernel<T, W>
-                         : layernorm_backward_fused_kernel<T, 1>;
+    if (C <= kFusedMaxC) {  // fused: 8 * warps * C bytes of staging per block
+      using Kernel = void (*)(T*, float*, float*, const T*, const T*, const T*, const float*,
+                              const float*, int, int);
+      const bool w32 = fused_smem<32>(C) <= kFusedMaxSmem;
+      const Kernel kernel = w32 ? (wide ? layernorm_backward_fused_kernel<T, W, 32>
+                                        : layernorm_backward_fused_kernel<T, 1, 32>)
+                                : (wide ? layernorm_backward_fused_kernel<T, W, 16>
+                                        : layernorm_backward_fused_kernel<T, 1, 16>);
+      const size_t smem = w32 ? fused_smem<32>(C) : fused_smem<16>(C);
       if (smem > 48 * 1024)
         ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
-      cudak::launch(kernel, static_cast<unsigned>(chunks), kThreads, smem, stream, di, part_dw,
-                    part_db, d, x, w, mean, rstd, N, C);
+      cudak::launch(kernel, static_cast<unsigned>(chunks), w32 ? 1024 : 512, smem, stream, di,
+                    part_dw, part_db, d, x, w, mean, rstd, N, C);
       ST_CUDA_CHECK_LAUNCH("layernorm_backward_fused_kernel");
     } else {  // wider rows: dinp, then the partials in a second read of dout and inp
       const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);

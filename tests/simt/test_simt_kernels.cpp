@@ -168,10 +168,11 @@ TEST_P(SimtKernels, EncoderBackwardSortsOnTheDevice) {
 
 TEST_P(SimtKernels, Layernorm) {
   const DType f = GetParam();
-  // C <= 1024: the fused backward (one block per 64-row chunk; N = 67 and 5 end in part
-  // chunks, 136 in a part round of 8 rows); C = 1040: dinp and the partials as two kernels.
-  for (const auto& [N, C] :
-       std::vector<std::pair<int, int>>{{67, 100}, {5, 768}, {136, 256}, {70, 1040}}) {
+  // C <= 1024: the fused backward (one block per 64-row chunk, 32 rows a round, 16 for
+  // C = 1000; N = 67, 5 and 70 end in part chunks, 136 in a part round); C = 1040: dinp and
+  // the partials as two kernels.
+  for (const auto& [N, C] : std::vector<std::pair<int, int>>{
+           {67, 100}, {5, 768}, {136, 256}, {70, 1000}, {70, 1040}}) {
     SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
     auto x = randv(static_cast<size_t>(N) * C, f, 10, 1.0, 0.3), w = randv(C, f, 11, 0.1, 1.0),
          b = randv(C, f, 12, 0.1);
