@@ -182,6 +182,22 @@ class CpuBackend : public Backend {
     });
   }
 
+  void bias_backward(const Tensor& dbias, const Tensor& dout, DType fmt) override {
+    ST_CHECK(dbias.defined() && dbias.ndim() == 1 && dbias.numel() > 0, "bias_backward: dbias ",
+             dbias.desc(), " must be (OC)");
+    const int64_t OC = dbias.numel();
+    ST_CHECK(dout.defined() && dout.dim(-1) == OC, "bias_backward: dout ", dout.desc(),
+             ", expected (N, ", OC, ")");
+    ST_CHECK(dout.dtype() == dbias.dtype(), "bias_backward: dout ", dout.desc(), " vs dbias ",
+             dbias.desc());
+    ST_CHECK(!overlaps(dbias, dout), "bias_backward: dbias overlaps dout");
+    const int64_t N = dout.numel() / OC;
+    dispatch(dout, "bias_backward", [&](auto z) {
+      using S = decltype(z);
+      cpu::bias_backward(ptr<S>(dbias), ptr<S>(dout), to_int(N, "N"), to_int(OC, "OC"), fmt);
+    });
+  }
+
   void gelu_forward(const Tensor& out, const Tensor& inp, DType fmt) override {
     check_same(out, inp, "gelu out vs inp");
     dispatch(inp, "gelu_forward", [&](auto z) {

@@ -77,11 +77,22 @@ class Backend {
   virtual void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                DType fmt) = 0;
+  // dbias (OC) += colsum(dout (N, OC)): matmul_backward's dbias alone, the same bits.
+  virtual void bias_backward(const Tensor& dbias, const Tensor& dout, DType fmt) = 0;
   // tanh-approximation GELU.
   virtual void gelu_forward(const Tensor& out, const Tensor& inp, DType fmt) = 0;
   // dinp = dout * gelu'(inp) (overwritten; may alias dout).
   virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout,
                              DType fmt) = 0;
+  // gelu_backward, then dbias += colsum(dinp): the bias gradient of the GEMM whose output the
+  // GELU took, which the model then runs without dbias. This default is the two calls
+  // (gelu_backward, bias_backward; the CPU backend's); the CUDA backend sums the columns in
+  // the pass that writes dinp, with the bits of its own pair (cuda/elementwise.cu).
+  virtual void gelu_backward_dbias(const Tensor& dinp, const Tensor& dbias, const Tensor& inp,
+                                   const Tensor& dout, DType fmt) {
+    gelu_backward(dinp, inp, dout, fmt);
+    bias_backward(dbias, dinp, fmt);
+  }
   virtual void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b,
                                 DType fmt) = 0;
   // res = a + b (residual_forward), then out, mean, rstd = layernorm of res

@@ -62,6 +62,13 @@ class TimingBackend : public Backend {
   void gelu_backward(const Tensor& di, const Tensor& i, const Tensor& d, DType f) override {
     time("gelu", [&] { in_.gelu_backward(di, i, d, f); });
   }
+  void bias_backward(const Tensor& db, const Tensor& d, DType f) override {
+    time("matmul", [&] { in_.bias_backward(db, d, f); });
+  }
+  void gelu_backward_dbias(const Tensor& di, const Tensor& db, const Tensor& i, const Tensor& d,
+                           DType f) override {
+    time("gelu", [&] { in_.gelu_backward_dbias(di, db, i, d, f); });
+  }
   void residual_forward(const Tensor& o, const Tensor& a, const Tensor& b, DType f) override {
     time("residual", [&] { in_.residual_forward(o, a, b, f); });
   }

@@ -534,6 +534,24 @@ void CudaBackend::matmul_backward(const Tensor& dinp, const Tensor& dweight, con
   }
 }
 
+// dbias = round(dbias + colsum(dout)) (reduce.cu): matmul_backward's dbias alone.
+void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  ST_CHECK(dbias.defined() && dbias.ndim() == 1 && dbias.numel() > 0, "bias_backward: dbias ",
+           dbias.desc(), " must be (OC)");
+  const int64_t OC = dbias.numel();
+  ST_CHECK(dout.defined() && dout.dim(-1) == OC, "bias_backward: dout ", dout.desc(),
+           ", expected (N, ", OC, ")");
+  check_operand(dbias, s, "bias_backward: dbias");
+  check_operand(dout, s, "bias_backward: dout");
+  check_disjoint(dbias, dout, "bias_backward");
+  const int n = to_int(dout.numel() / OC, "N"), oc = to_int(OC, "OC");
+  if (n == 0) return;
+  auto scr = scratch(cudak::colsum_scratch(n, oc) * sizeof(float));
+  cudak::colsum_accumulate(dbias.raw(), dout.raw(), n, oc, s, static_cast<float*>(scr->data),
+                           stream_);
+}
+
 // ---------------------------------------------------------------- elementwise
 
 void CudaBackend::gelu_forward(const Tensor& out, const Tensor& inp, DType fmt) {
@@ -557,6 +575,32 @@ void CudaBackend::gelu_backward(const Tensor& dinp, const Tensor& inp, const Ten
   check_elementwise_alias(dinp, dout, "gelu_backward");
   cudak::gelu_backward(dinp.raw(), inp.raw(), dout.raw(), static_cast<size_t>(inp.numel()), s,
                        stream_);
+}
+
+// gelu_backward over the (N, OC) view and dbias += colsum(dinp) in one pass (elementwise.cu):
+// the bits of gelu_backward then bias_backward.
+void CudaBackend::gelu_backward_dbias(const Tensor& dinp, const Tensor& dbias, const Tensor& inp,
+                                      const Tensor& dout, DType fmt) {
+  const DType s = storage_dtype(fmt);
+  check_same(dinp, inp, "gelu dinp vs inp");
+  check_same(dout, inp, "gelu dout vs inp");
+  check_operand(dinp, s, "gelu_backward_dbias: dinp");
+  check_operand(inp, s, "gelu_backward_dbias: inp");
+  check_operand(dout, s, "gelu_backward_dbias: dout");
+  check_elementwise_alias(dinp, inp, "gelu_backward_dbias");
+  check_elementwise_alias(dinp, dout, "gelu_backward_dbias");
+  ST_CHECK(dbias.defined() && dbias.ndim() == 1 && dbias.numel() > 0 &&
+               inp.dim(-1) == dbias.numel(),
+           "gelu_backward_dbias: dbias ", dbias.desc(), " must be (OC) for inp ", inp.desc());
+  check_operand(dbias, s, "gelu_backward_dbias: dbias");
+  for (const Tensor* t : {&dinp, &inp, &dout})
+    check_disjoint(dbias, *t, "gelu_backward_dbias");
+  const int64_t OC = dbias.numel();
+  const int n = to_int(inp.numel() / OC, "N"), oc = to_int(OC, "OC");
+  if (n == 0) return;
+  auto scr = scratch(cudak::colsum_scratch(n, oc) * sizeof(float));
+  cudak::gelu_backward_dbias(dinp.raw(), dbias.raw(), inp.raw(), dout.raw(), n, oc, s,
+                             static_cast<float*>(scr->data), stream_);
 }
 
 void CudaBackend::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b, DType fmt) {

@@ -137,6 +137,9 @@ class CudaBackend : public Backend {
                        DType fmt) override;
   void gelu_forward(const Tensor& out, const Tensor& inp, DType fmt) override;
   void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout, DType fmt) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout, DType fmt) override;
+  void gelu_backward_dbias(const Tensor& dinp, const Tensor& dbias, const Tensor& inp,
+                           const Tensor& dout, DType fmt) override;
   void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b, DType fmt) override;
   void residual_layernorm_forward(const Tensor& res, const Tensor& out, const Tensor& mean,
                                   const Tensor& rstd, const Tensor& a, const Tensor& b,

@@ -106,6 +106,53 @@ void launch_binary(void* out, const void* a, const void* b, size_t n, DType dtyp
   });
 }
 
+// GELU backward with the column sums of its output over an (N, OC) view (the bias gradient
+// of the GEMM whose output the GELU took). Block (chunk of kColChunk rows, tile of columns);
+// each thread takes V consecutive columns and the chunk's rows in batches of kGeluRowBatch
+// (the batch's loads first), computes dinp = round(GeluBackward(x, d)) as binary_kernel does,
+// stores it, and adds the stored values into its columns' partials in row order: the bits of
+// gelu_backward followed by colsum_accumulate's first pass (colsum_partial_kernel) on its
+// output. Each element is read and then written by one thread, so dinp may alias an input.
+constexpr int kGeluRowBatch = 4;
+template <class T, int V>
+__global__ void gelu_backward_colsum_kernel(T* dinp, float* part, const T* inp, const T* dout,
+                                            int N, int OC) {
+  const int chunk = blockIdx.x;
+  const int c = (blockIdx.y * blockDim.x + threadIdx.x) * V;
+  if (c >= OC) return;
+  const int r0 = chunk * kColChunk;
+  const int r1 = min(N, r0 + kColChunk);
+  const GeluBackward op;
+  float acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+  for (int rb = r0; rb < r1; rb += kGeluRowBatch) {
+    Vec<T, V> xv[kGeluRowBatch], dv[kGeluRowBatch];
+#pragma unroll
+    for (int u = 0; u < kGeluRowBatch; ++u) {
+      if (rb + u < r1) {
+        const size_t i = static_cast<size_t>(rb + u) * OC + c;
+        xv[u] = load_vec<V>(inp + i);
+        dv[u] = load_vec<V>(dout + i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGeluRowBatch; ++u) {
+      if (rb + u < r1) {
+        Vec<T, V> g;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          g.v[k] = from_float<T>(op(to_float(xv[u].v[k]), to_float(dv[u].v[k])));
+          acc[k] += to_float(g.v[k]);
+        }
+        store_vec<V>(dinp + static_cast<size_t>(rb + u) * OC + c, g);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) part[static_cast<size_t>(chunk) * OC + c + k] = acc[k];
+}
+
 template <class T>
 __global__ void round_inplace_kernel(float* x, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -122,6 +169,26 @@ void gelu_forward(void* out, const void* inp, size_t n, DType dtype, cudaStream_
 void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dtype,
                    cudaStream_t stream) {
   launch_binary<GeluBackward>(dinp, inp, dout, n, dtype, stream, "gelu_backward_kernel");
+}
+
+void gelu_backward_dbias(void* dinp, void* dbias, const void* inp, const void* dout, int N,
+                         int OC, DType dtype, float* scratch, cudaStream_t stream) {
+  if (N == 0 || OC == 0) return;
+  const unsigned chunks = static_cast<unsigned>((N + kColChunk - 1) / kColChunk);
+  constexpr int kColThreads = 128;
+  dispatch_storage(dtype, "gelu_backward_dbias", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int W = kWide<T>;
+    const bool wide = OC % W == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout);
+    const int v = wide ? W : 1;
+    const unsigned tiles = static_cast<unsigned>((OC / v + kColThreads - 1) / kColThreads);
+    ST_CHECK(tiles <= 65535u, "gelu_backward_dbias: OC = ", OC, " is too wide");
+    auto kernel = wide ? gelu_backward_colsum_kernel<T, W> : gelu_backward_colsum_kernel<T, 1>;
+    cudak::launch(kernel, dim3(chunks, tiles), kColThreads, 0, stream, static_cast<T*>(dinp),
+                  scratch, static_cast<const T*>(inp), static_cast<const T*>(dout), N, OC);
+    ST_CUDA_CHECK_LAUNCH("gelu_backward_colsum_kernel");
+  });
+  colsum_finish(dbias, scratch, N, OC, dtype, stream);
 }
 
 void residual_forward(void* out, const void* a, const void* b, size_t n, DType dtype,

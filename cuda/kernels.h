@@ -56,6 +56,10 @@ constexpr int kColChunk = 64;
 size_t colsum_scratch(int N, int OC);
 void colsum_accumulate(void* dbias, const void* dout, int N, int OC, DType dtype, float* scratch,
                        cudaStream_t stream);
+// colsum_accumulate's second pass alone: dbias[j] = round(dbias[j] + the chunk partials
+// part[k][j] summed in chunk order), part as colsum_accumulate's first pass writes it.
+void colsum_finish(void* dbias, const float* part, int N, int OC, DType dtype,
+                   cudaStream_t stream);
 // Sum of squares accumulated in FP64: chunks of kSumChunk elements (a fixed tree inside
 // each), then the chunk sums in chunk order (as the CPU). *result (device) receives it.
 constexpr size_t kSumChunk = size_t{1} << 16;
@@ -70,6 +74,11 @@ void gelu_forward(void* out, const void* inp, size_t n, DType dtype, cudaStream_
 // dinp may alias dout or inp.
 void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dtype,
                    cudaStream_t stream);
+// gelu_backward over an (N, OC) view and dbias[j] = round(dbias[j] + colsum(dinp)[j]): the
+// bits of gelu_backward then colsum_accumulate of its output, in one pass that writes dinp
+// and sums it. dinp may alias dout or inp. scratch: colsum_scratch(N, OC) floats.
+void gelu_backward_dbias(void* dinp, void* dbias, const void* inp, const void* dout, int N,
+                         int OC, DType dtype, float* scratch, cudaStream_t stream);
 void residual_forward(void* out, const void* a, const void* b, size_t n, DType dtype,
                       cudaStream_t stream);
 // x[i] = round_fmt(x[i]) in place on FP32 storage (fmt BF16 or F16; F32 is a no-op).

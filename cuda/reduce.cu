@@ -132,11 +132,20 @@ void colsum_accumulate(void* dbias, const void* dout, int N, int OC, DType dtype
                     kThreads, 0, stream, scratch, d, N, OC);
     }
     ST_CUDA_CHECK_LAUNCH("colsum_partial_kernel");
+  });
+  colsum_finish(dbias, scratch, N, OC, dtype, stream);
+}
+
+void colsum_finish(void* dbias, const float* part, int N, int OC, DType dtype,
+                   cudaStream_t stream) {
+  if (N == 0 || OC == 0) return;
+  const int chunks = (N + kColChunk - 1) / kColChunk;
+  dispatch_storage(dtype, "colsum", [&](auto tag) {
+    using T = typename decltype(tag)::type;
     constexpr int kColFinalThreads = 64;  // latency-bound: over more SMs
     cudak::launch(colsum_final_kernel<T>,
                   static_cast<unsigned>((OC + kColFinalThreads - 1) / kColFinalThreads),
-                  kColFinalThreads,
-                  0, stream, static_cast<T*>(dbias), scratch, chunks, OC);
+                  kColFinalThreads, 0, stream, static_cast<T*>(dbias), part, chunks, OC);
     ST_CUDA_CHECK_LAUNCH("colsum_final_kernel");
   });
 }

@@ -34,6 +34,10 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
 template <class T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      const T* weight, int N, int C, int OC, DType fmt);
+// dbias (OC) = round(dbias + colsum(dout (N, OC))), each column's rows summed in order:
+// matmul_backward's dbias.
+template <class T>
+void bias_backward(T* dbias, const T* dout, int N, int OC, DType fmt);
 
 template <class T>
 void gelu_forward(T* out, const T* inp, size_t n, DType fmt);

@@ -132,24 +132,28 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
     for (int64_t i = 0; i < static_cast<int64_t>(nw); ++i)
       dweight[i] = round_to(fmt, dweight[i] + round_to(fmt, p[i]));
   }
-  if (dbias) {
-    // Column blocks, rows summed in order: deterministic for any thread count.
-    constexpr int kBlock = 64;
-    const int nblocks = (OC + kBlock - 1) / kBlock;
+  if (dbias) bias_backward(dbias, dout, N, OC, fmt);
+}
+
+template <class T>
+void bias_backward(T* dbias, const T* dout, int N, int OC, DType fmt) {
+  // Column blocks, rows summed in order: deterministic for any thread count.
+  constexpr int kBlock = 64;
+  const int nblocks = (OC + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
-    for (int blk = 0; blk < nblocks; ++blk) {
-      const int j0 = blk * kBlock, j1 = std::min(OC, j0 + kBlock);
-      T acc[kBlock] = {};
-      for (int i = 0; i < N; ++i) {
-        const T* d = dout + static_cast<size_t>(i) * OC;
-        for (int j = j0; j < j1; ++j) acc[j - j0] += d[j];
-      }
-      for (int j = j0; j < j1; ++j) dbias[j] = round_to(fmt, dbias[j] + acc[j - j0]);
+  for (int blk = 0; blk < nblocks; ++blk) {
+    const int j0 = blk * kBlock, j1 = std::min(OC, j0 + kBlock);
+    T acc[kBlock] = {};
+    for (int i = 0; i < N; ++i) {
+      const T* d = dout + static_cast<size_t>(i) * OC;
+      for (int j = j0; j < j1; ++j) acc[j - j0] += d[j];
     }
+    for (int j = j0; j < j1; ++j) dbias[j] = round_to(fmt, dbias[j] + acc[j - j0]);
   }
 }
 
 #define INSTANTIATE(T)                                                                      \
+  template void bias_backward<T>(T*, const T*, int, int, DType);                            \
   template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, DType);  \
   template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, \
                                    DType);

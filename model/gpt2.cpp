@@ -479,9 +479,10 @@ void GPT2::backward_pass(int grad_accum_steps) {
     // a.dresidual holds d(residual3[l]) = d(fcproj[l]).
     be_.matmul_backward(a.dbt4c, G[kFcprojw][l], G[kFcprojb][l], a.dresidual,
                         fch_gelu(l), params_[kFcprojw][l], f);
-    be_.gelu_backward(a.dbt4c, a.fch[l], a.dbt4c, f);
-    be_.matmul_backward(a.dbtc, G[kFcw][l], G[kFcb][l], a.dbt4c, ln2(l),
-                        params_[kFcw][l], f);
+    // The fc bias gradient is the column sum of the GELU's input gradient: made in the pass
+    // that writes it (gelu_backward_dbias; the CPU backend's two calls have the same bits).
+    be_.gelu_backward_dbias(a.dbt4c, G[kFcb][l], a.fch[l], a.dbt4c, f);
+    be_.matmul_backward(a.dbtc, G[kFcw][l], Tensor(), a.dbt4c, ln2(l), params_[kFcw][l], f);
     be_.layernorm_backward(a.dresidual, G[kLn2w][l], G[kLn2b][l], a.dbtc,
                            a.residual2[l], params_[kLn2w][l], a.ln2_mean[l], a.ln2_rstd[l], f);
     // a.dresidual now holds d(residual2[l]) = d(attproj[l]).

@@ -857,6 +857,31 @@ std::vector<Case> make_cases(const Cfg& z, DType fmt) {
         be.gelu_backward(t[0], t[1], t[0], f);
         return none;
       });
+  // The fc bias gradient made in the GELU backward's pass: dinp as gelu_backward; dbias the
+  // column sums of dinp (bias_backward's chunks vs the CPU's row order, over values that may
+  // each differ by the GELU tolerance). The emu suite checks it is bit-identical to the pair.
+  const Tol kGeluDbias = close_to(1, 64, 1e-5);
+  add("gelu_backward_dbias", "",
+      {out("dinp", {N, 4 * C}, kGeluB), acc("dbias", {4 * C}, kGeluDbias, 0.1),
+       in("inp", {N, 4 * C}, 2.0), in("dout", {N, 4 * C})},
+      [=](Backend& be, const std::vector<Tensor>& t, const Tensor&, DType f) {
+        be.gelu_backward_dbias(t[0], t[1], t[2], t[3], f);
+        return none;
+      });
+  add("gelu_backward_dbias", "in place (dinp = dout)",
+      {acc("dout", {N, 4 * C}, kGeluB, 1.0), acc("dbias", {4 * C}, kGeluDbias, 0.1),
+       in("inp", {N, 4 * C}, 2.0)},
+      [=](Backend& be, const std::vector<Tensor>& t, const Tensor&, DType f) {
+        be.gelu_backward_dbias(t[0], t[1], t[2], t[0], f);
+        return none;
+      });
+  // matmul_backward's dbias alone: the column-sum kernel vs the CPU's row order.
+  add("bias_backward", "",
+      {acc("dbias", {OC}, close_to(1, 16, 1e-5), 0.1), in("dout", {B, T, OC}, 0.1)},
+      [=](Backend& be, const std::vector<Tensor>& t, const Tensor&, DType f) {
+        be.bias_backward(t[0], t[1], f);
+        return none;
+      });
   // One FP32 add, one rounding: exact.
   add("residual_forward", "",
       {out("out", {B, T, C}, kExact), in("a", {B, T, C}), in("b", {B, T, C})},
@@ -979,6 +1004,8 @@ const char* const kMethods[] = {"zero",
                                 "matmul_backward",
                                 "gelu_forward",
                                 "gelu_backward",
+                                "gelu_backward_dbias",
+                                "bias_backward",
                                 "residual_forward",
                                 "residual_layernorm_forward",
                                 "crossentropy_forward_backward",

@@ -405,6 +405,46 @@ TEST_P(SimtKernels, Crossentropy) {
   EXPECT_TRUE(same_bytes(got[3], got[0])) << "in-place losses differ";
 }
 
+// GELU backward with the fc bias gradient in one pass: bit for bit the emulated pair
+// (gelu_backward, then colsum_accumulate of its output), out of place and in place; against
+// the CPU backend's pair within the GELU tolerances above (dbias: the column sums of those).
+TEST_P(SimtKernels, GeluBackwardDbiasIsThePairFused) {
+  const DType f = GetParam();
+  // OC = 300: the scalar path in 16-bit formats; 304: 16-byte vectors; N = 131: two whole
+  // chunks and a part one that ends in a part batch of rows.
+  for (const auto& [N, OC] : std::vector<std::pair<int, int>>{{131, 300}, {131, 304}, {7, 16}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " OC=" + std::to_string(OC));
+    const size_t n = static_cast<size_t>(N) * OC;
+    auto x = randv(n, f, 50, 2.0), d = randv(n, f, 51), db0 = randv(OC, f, 52, 0.1);
+    const Shape s{N, OC};
+    Tensor gb = Tensor::empty(s, DType::F32), db = host(db0, {OC});
+    cpu_->gelu_backward_dbias(gb, db, host(x, s), host(d, s), f);
+    auto fused = two_schedules([&] {
+      Buf g(f, n), b = dev(db0, f), xd = dev(x, f), dd = dev(d, f), b2 = dev(db0, f),
+          dd2 = dev(d, f), scr(DType::F32, cudak::colsum_scratch(N, OC));
+      cudak::gelu_backward_dbias(g.p(), b.p(), xd.p(), dd.p(), N, OC, f, scr.f(), nullptr);
+      cudak::gelu_backward_dbias(dd2.p(), b2.p(), xd.p(), dd2.p(), N, OC, f, scr.f(), nullptr);
+      return std::vector<Buf>{g, b, dd2, b2};
+    });
+    auto pair = two_schedules([&] {
+      Buf g(f, n), b = dev(db0, f), xd = dev(x, f), dd = dev(d, f),
+          scr(DType::F32, cudak::colsum_scratch(N, OC));
+      cudak::gelu_backward(g.p(), xd.p(), dd.p(), n, f, nullptr);
+      cudak::colsum_accumulate(b.p(), g.p(), N, OC, f, scr.f(), nullptr);
+      return std::vector<Buf>{g, b};
+    });
+    EXPECT_TRUE(same_bytes(fused[0], pair[0])) << "dinp differs from gelu_backward's";
+    EXPECT_TRUE(same_bytes(fused[1], pair[1])) << "dbias differs from colsum_accumulate's";
+    EXPECT_TRUE(same_bytes(fused[2], pair[0])) << "in place: dinp differs";
+    EXPECT_TRUE(same_bytes(fused[3], pair[1])) << "in place: dbias differs";
+    compare("gelu_backward_dbias dinp", fused[0], values(gb), f,
+            Tol{false, f == DType::F32 ? 16.0 : 1.0, 4e-6});
+    // dbias: sums of N values that may each differ by the GELU tolerance, chunked (N > 64)
+    compare("gelu_backward_dbias dbias", fused[1], values(db), f,
+            Tol{false, f == DType::F32 ? 64.0 : 1.0, 1e-5});
+  }
+}
+
 // ---------------------------------------------------------------- reductions
 
 TEST_P(SimtKernels, Reductions) {
