@@ -68,6 +68,19 @@ class Backend {
   virtual void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd, DType fmt) = 0;
+  // layernorm_backward, then dnext += colsum(dinp) of the dinp it leaves (bias_backward): the
+  // bias gradient of the GEMM whose output is the gradient this layernorm adds into (the
+  // residual stream's: attention and MLP projections), which the model then runs without
+  // dbias. This default is the two calls (the CPU backend's); the CUDA backend sums dinp's
+  // columns in the pass that writes it, with the bits of its own pair (cuda/layernorm.cu).
+  virtual void layernorm_backward_dbias(const Tensor& dinp, const Tensor& dweight,
+                                        const Tensor& dbias, const Tensor& dnext,
+                                        const Tensor& dout, const Tensor& inp,
+                                        const Tensor& weight, const Tensor& mean,
+                                        const Tensor& rstd, DType fmt) {
+    layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, fmt);
+    bias_backward(dnext, dinp, fmt);
+  }
   // out (N,OC) = inp (N,C) . weight(OC,C)^T + bias(OC); bias may be undefined.
   virtual void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                               const Tensor& bias, DType fmt) = 0;

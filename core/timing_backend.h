@@ -48,6 +48,12 @@ class TimingBackend : public Backend {
                           const Tensor& r, DType f) override {
     time("layernorm", [&] { in_.layernorm_backward(di, dw, db, d, i, w, m, r, f); });
   }
+  void layernorm_backward_dbias(const Tensor& di, const Tensor& dw, const Tensor& db,
+                                const Tensor& dn, const Tensor& d, const Tensor& i,
+                                const Tensor& w, const Tensor& m, const Tensor& r,
+                                DType f) override {
+    time("layernorm", [&] { in_.layernorm_backward_dbias(di, dw, db, dn, d, i, w, m, r, f); });
+  }
   void matmul_forward(const Tensor& o, const Tensor& i, const Tensor& w, const Tensor& b,
                       DType f) override {
     time("matmul", [&] { in_.matmul_forward(o, i, w, b, f); });

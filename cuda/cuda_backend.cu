@@ -423,6 +423,25 @@ void CudaBackend::residual_layernorm_forward(const Tensor& res, const Tensor& ou
 void CudaBackend::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                      const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                      const Tensor& mean, const Tensor& rstd, DType fmt) {
+  layernorm_backward_impl(dinp, dweight, dbias, Tensor(), dout, inp, weight, mean, rstd, fmt);
+}
+
+// layernorm_backward with dnext += colsum(dinp) made in its pass (layernorm.cu): the bits of
+// layernorm_backward then bias_backward(dnext, dinp).
+void CudaBackend::layernorm_backward_dbias(const Tensor& dinp, const Tensor& dweight,
+                                           const Tensor& dbias, const Tensor& dnext,
+                                           const Tensor& dout, const Tensor& inp,
+                                           const Tensor& weight, const Tensor& mean,
+                                           const Tensor& rstd, DType fmt) {
+  ST_CHECK(dnext.defined(), "layernorm_backward_dbias: dnext is undefined");
+  layernorm_backward_impl(dinp, dweight, dbias, dnext, dout, inp, weight, mean, rstd, fmt);
+}
+
+void CudaBackend::layernorm_backward_impl(const Tensor& dinp, const Tensor& dweight,
+                                          const Tensor& dbias, const Tensor& dnext,
+                                          const Tensor& dout, const Tensor& inp,
+                                          const Tensor& weight, const Tensor& mean,
+                                          const Tensor& rstd, DType fmt) {
   const DType s = storage_dtype(fmt);
   ST_CHECK(inp.defined() && inp.ndim() >= 1 && inp.dim(-1) > 0, "layernorm_backward: inp ",
            inp.desc());
@@ -448,10 +467,17 @@ void CudaBackend::layernorm_backward(const Tensor& dinp, const Tensor& dweight, 
   check_disjoint(dinp, dweight, "layernorm_backward");
   check_disjoint(dinp, dbias, "layernorm_backward");
   check_disjoint(dweight, dbias, "layernorm_backward");
+  if (dnext.defined()) {
+    check_shape(dnext, {C}, "layernorm dnext");
+    check_operand(dnext, s, "layernorm_backward: dnext");
+    for (const Tensor* t : {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd})
+      check_disjoint(dnext, *t, "layernorm_backward");
+  }
   if (N == 0) return;
   const int n = to_int(N, "N"), c = to_int(C, "C");
   auto scr = scratch(cudak::layernorm_backward_scratch(n, c) * sizeof(float));
-  cudak::layernorm_backward(dinp.raw(), dweight.raw(), dbias.raw(), dout.raw(), inp.raw(),
+  cudak::layernorm_backward(dinp.raw(), dweight.raw(), dbias.raw(),
+                            dnext.defined() ? dnext.raw() : nullptr, dout.raw(), inp.raw(),
                             weight.raw(), static_cast<const float*>(mean.raw()),
                             static_cast<const float*>(rstd.raw()), n, c, s,
                             static_cast<float*>(scr->data), stream_);

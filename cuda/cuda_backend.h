@@ -130,6 +130,10 @@ class CudaBackend : public Backend {
   void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd, DType fmt) override;
+  void layernorm_backward_dbias(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                const Tensor& dnext, const Tensor& dout, const Tensor& inp,
+                                const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                DType fmt) override;
   void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor& bias, DType fmt) override;
   void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
@@ -178,6 +182,10 @@ class CudaBackend : public Backend {
 
  private:
   void copy_convert(const Tensor& dst, const Tensor& src);
+  void layernorm_backward_impl(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                               const Tensor& dnext, const Tensor& dout, const Tensor& inp,
+                               const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                               DType fmt);
   // Device scratch of `bytes` from the arena, released when the returned Storage goes (its
   // reuse is ordered on the stream after the work queued with it).
   std::shared_ptr<Storage> scratch(size_t bytes);

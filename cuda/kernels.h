@@ -41,11 +41,13 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
 void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
                                 const void* b, const void* weight, const void* bias, int N, int C,
                                 DType dtype, cudaStream_t stream);
-// Scratch: layernorm_backward_scratch(N, C) floats of device memory.
+// dinp += , dweight += , dbias += ; with dnext (may be null) also dnext[j] = round(dnext[j] +
+// colsum(dinp)[j]) of the dinp it leaves: the bits of colsum_accumulate(dnext, dinp) after the
+// call. Scratch: layernorm_backward_scratch(N, C) floats of device memory.
 size_t layernorm_backward_scratch(int N, int C);
-void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                        const void* weight, const float* mean, const float* rstd, int N, int C,
-                        DType dtype, float* scratch, cudaStream_t stream);
+void layernorm_backward(void* dinp, void* dweight, void* dbias, void* dnext, const void* dout,
+                        const void* inp, const void* weight, const float* mean, const float* rstd,
+                        int N, int C, DType dtype, float* scratch, cudaStream_t stream);
 
 // ---- reduce.cu ----
 // Rows per chunk of the two-pass column sums (dbias, layernorm dweight/dbias): each chunk's

@@ -86,13 +86,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One row's dinp, by one warp (lanes stride the row by 32 * V). When sd and sdn are given
-// (the fused kernel), the second pass also stores each column's d and d * n (FP32, the
-// partial kernel's values: n = (x - m) * s rounded, then d * n rounded) at sd[c], sdn[c].
+// One row's dinp, by one warp (lanes stride the row by 32 * V). When sd is given (the fused
+// kernel), the second pass also stages each column's d (the stored dout value) at sd[c] and
+// d * n at sdn[c] (FP32, the partial kernel's value: n = (x - m) * s rounded, then d * n
+// rounded), and, when sg is given, the dinp value it stores at sg[c].
 template <class T, int V>
 __device__ __forceinline__ void layernorm_dinp_row(T* di, const T* d, const T* x, const T* weight,
-                                                   float m, float s, int C, int lane, float* sd,
-                                                   float* sdn) {
+                                                   float m, float s, int C, int lane, T* sd,
+                                                   float* sdn, T* sg) {
   float dnm = 0.0f, dnnm = 0.0f;
   for (int c = lane * V; c < C; c += 32 * V) {
     const Vec<T, V> xv = load_vec<V>(x + c);
@@ -117,12 +118,10 @@ __device__ __forceinline__ void layernorm_dinp_row(T* di, const T* d, const T* x
       const float n = (to_float(xv.v[k]) - m) * s;
       const float g = (to_float(wv.v[k]) * to_float(dv.v[k]) - dnm - n * dnnm) * s;
       gv.v[k] = from_float<T>(to_float(gv.v[k]) + g);
-      if (sd) {
-        const float dk = to_float(dv.v[k]);
-        sd[c + k] = dk;
-        sdn[c + k] = dk * n;
-      }
+      if (sd) sdn[c + k] = to_float(dv.v[k]) * n;
     }
+    if (sd) store_vec<V>(sd + c, dv);
+    if (sg) store_vec<V>(sg + c, gv);
     store_vec<V>(di + c, gv);
   }
 }
@@ -136,52 +135,56 @@ __global__ void __launch_bounds__(kThreads)
   if (row >= N) return;
   const size_t off = static_cast<size_t>(row) * C;
   layernorm_dinp_row<T, V>(dinp + off, dout + off, inp + off, weight, mean[row], rstd[row], C,
-                           lane, nullptr, nullptr);
+                           lane, nullptr, nullptr, nullptr);
 }
 
 // The fused backward: one block per chunk of kColChunk rows writes the chunk's dinp rows and
 // its dweight/dbias partials, reading dout and inp once (the unfused pair reads them twice).
 // Rounds of kFusedWarps rows: warp w takes the round's row w, computes its dinp as
-// layernorm_dinp_kernel does and stages the row's d and d * n in shared memory; after a
-// barrier each thread adds the round's rows, in row order, into the accumulators of its
-// columns (c = threadIdx.x + i * kFusedThreads). Each column's partial is therefore the
+// layernorm_dinp_kernel does and stages the row's d (T) and d * n (FP32) in shared memory;
+// after a barrier each thread adds the round's rows, in row order, into the accumulators of
+// its columns (c = threadIdx.x + i * kFusedThreads). Each column's partial is therefore the
 // partial kernel's sum (the chunk's rows in row order, the same rounded terms): same bits.
-// kWarps rows a round: 32 warps (2 rounds per chunk, one block of 192 KiB staging per SM at
-// C = 768) where the staging fits in an SM's 227 KiB (C <= 896), else 16 (4 rounds, C <=
-// 1024). Each round costs a dependent load of the rows and a barrier; the cost model put 8
-// warps at 64.4 us for B*T = 8192 x 768 (8 rounds), 16 at 40.0, 32 at 27.7 (tests/simt/cost,
-// 2026-11-29).
+// kNext: the stored dinp rows are staged too and summed the same way into part_next, the
+// first pass of colsum_accumulate over dinp (the bias gradient of the GEMM that wrote the
+// residual stream this layernorm read), so that pass needs no read of dinp.
+// kFusedWarps rows a round: 32 warps (2 rounds per chunk, one block per SM) where the
+// staging fits in an SM's 227 KiB, else 16 (4 rounds). Each round costs a dependent load of
+// the rows and a barrier; the cost model put 8 warps at 64.4 us for B*T = 8192 x 768 (8
+// rounds), 16 at 40.0, 32 at 27.7 (tests/simt/cost, 2026-11-29).
 constexpr int kFusedMaxC = 1024;
 constexpr size_t kFusedMaxSmem = 227 * 1024;  // dynamic shared memory per block, sm_90
-template <int kWarps>
-constexpr size_t fused_smem(int C) {
-  return 2 * static_cast<size_t>(kWarps) * static_cast<size_t>(C) * sizeof(float);
+// Staging bytes: [kWarps][C] FP32 d*n, then [kWarps][C] of T: d, then (next) dinp.
+constexpr size_t fused_smem(int warps, int C, size_t tsize, bool next) {
+  return static_cast<size_t>(warps) * static_cast<size_t>(C) * (4 + tsize * (next ? 2 : 1));
 }
-template <class T, int V, int kFusedWarps>
+template <class T, int V, int kFusedWarps, bool kNext>
 __global__ void __launch_bounds__(32 * kFusedWarps)
-    layernorm_backward_fused_kernel(T* dinp, float* part_dw, float* part_db, const T* dout,
-                                    const T* inp, const T* weight, const float* mean,
-                                    const float* rstd, int N, int C) {
+    layernorm_backward_fused_kernel(T* dinp, float* part_dw, float* part_db, float* part_next,
+                                    const T* dout, const T* inp, const T* weight,
+                                    const float* mean, const float* rstd, int N, int C) {
   constexpr int kFusedThreads = 32 * kFusedWarps;
   constexpr int kFusedColsPerThread = (kFusedMaxC + kFusedThreads - 1) / kFusedThreads;
   static_assert(kColChunk % kFusedWarps == 0, "a chunk is whole rounds");
-  ST_SHARED_DYNAMIC(float, stage, 16);  // [kFusedWarps][C] of d, then [kFusedWarps][C] of d*n
-  float* const sd = stage;
-  float* const sdn = stage + static_cast<size_t>(kFusedWarps) * C;
+  ST_SHARED_DYNAMIC(unsigned char, stage, 16);
+  const size_t rc = static_cast<size_t>(kFusedWarps) * C;  // staged values per array
+  float* const sdn = reinterpret_cast<float*>(stage);
+  T* const sd = reinterpret_cast<T*>(stage + rc * sizeof(float));
+  T* const sg = kNext ? sd + rc : nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = blockIdx.x;
   const int r0 = chunk * kColChunk;
   const int r1 = min(N, r0 + kColChunk);
-  float dw[kFusedColsPerThread], db[kFusedColsPerThread];
+  float dw[kFusedColsPerThread], db[kFusedColsPerThread], dn[kFusedColsPerThread];
 #pragma unroll
-  for (int i = 0; i < kFusedColsPerThread; ++i) dw[i] = db[i] = 0.0f;
+  for (int i = 0; i < kFusedColsPerThread; ++i) dw[i] = db[i] = dn[i] = 0.0f;
   for (int rb = r0; rb < r1; rb += kFusedWarps) {
     const int row = rb + warp;
     if (row < r1) {
       const size_t off = static_cast<size_t>(row) * C;
+      const size_t so = static_cast<size_t>(warp) * C;
       layernorm_dinp_row<T, V>(dinp + off, dout + off, inp + off, weight, mean[row], rstd[row],
-                               C, lane, sd + static_cast<size_t>(warp) * C,
-                               sdn + static_cast<size_t>(warp) * C);
+                               C, lane, sd + so, sdn + so, kNext ? sg + so : nullptr);
     }
     __syncthreads();
     const int rows = min(kFusedWarps, r1 - rb);
@@ -190,8 +193,10 @@ __global__ void __launch_bounds__(32 * kFusedWarps)
       const int c = threadIdx.x + i * kFusedThreads;
       if (c < C) {
         for (int w = 0; w < rows; ++w) {
-          db[i] += sd[static_cast<size_t>(w) * C + c];
-          dw[i] += sdn[static_cast<size_t>(w) * C + c];
+          const size_t j = static_cast<size_t>(w) * C + c;
+          db[i] += to_float(sd[j]);
+          dw[i] += sdn[j];
+          if constexpr (kNext) dn[i] += to_float(sg[j]);
         }
       }
     }
@@ -203,6 +208,7 @@ __global__ void __launch_bounds__(32 * kFusedWarps)
     if (c < C) {
       part_dw[static_cast<size_t>(chunk) * C + c] = dw[i];
       part_db[static_cast<size_t>(chunk) * C + c] = db[i];
+      if constexpr (kNext) part_next[static_cast<size_t>(chunk) * C + c] = dn[i];
     }
   }
 }
@@ -328,12 +334,12 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
 }
 
 size_t layernorm_backward_scratch(int N, int C) {
-  return 2 * static_cast<size_t>(chunks_of(N)) * static_cast<size_t>(C);
+  return 3 * static_cast<size_t>(chunks_of(N)) * static_cast<size_t>(C);
 }
 
-void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                        const void* weight, const float* mean, const float* rstd, int N, int C,
-                        DType dtype, float* scratch, cudaStream_t stream) {
+void layernorm_backward(void* dinp, void* dweight, void* dbias, void* dnext, const void* dout,
+                        const void* inp, const void* weight, const float* mean, const float* rstd,
+                        int N, int C, DType dtype, float* scratch, cudaStream_t stream) {
   if (N == 0 || C == 0) return;
   const int chunks = chunks_of(N);
   constexpr int kColThreads = 256;
@@ -341,6 +347,9 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout
   ST_CHECK(ctiles <= 65535u, "layernorm_backward: C = ", C, " is too wide");
   float* part_dw = scratch;
   float* part_db = scratch + static_cast<size_t>(chunks) * C;
+  float* part_next = scratch + 2 * static_cast<size_t>(chunks) * C;
+  const bool next = dnext != nullptr;
+  bool next_done = false;  // part_next written by the fused kernel
   dispatch_storage(dtype, "layernorm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kWide<T>;
@@ -350,21 +359,29 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout
     auto* di = static_cast<T*>(dinp);
     const bool wide =
         C % W == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
-    if (C <= kFusedMaxC) {  // fused: 8 * warps * C bytes of staging per block
-      using Kernel = void (*)(T*, float*, float*, const T*, const T*, const T*, const float*,
-                              const float*, int, int);
-      const bool w32 = fused_smem<32>(C) <= kFusedMaxSmem;
-      const Kernel kernel = w32 ? (wide ? layernorm_backward_fused_kernel<T, W, 32>
-                                        : layernorm_backward_fused_kernel<T, 1, 32>)
-                                : (wide ? layernorm_backward_fused_kernel<T, W, 16>
-                                        : layernorm_backward_fused_kernel<T, 1, 16>);
-      const size_t smem = w32 ? fused_smem<32>(C) : fused_smem<16>(C);
+    if (C <= kFusedMaxC) {
+      using Kernel = void (*)(T*, float*, float*, float*, const T*, const T*, const T*,
+                              const float*, const float*, int, int);
+      const bool w32 = fused_smem(32, C, sizeof(T), next) <= kFusedMaxSmem;
+      // [warps][wide][next]
+      const Kernel kernels[2][2][2] = {
+          {{layernorm_backward_fused_kernel<T, 1, 16, false>,
+            layernorm_backward_fused_kernel<T, 1, 16, true>},
+           {layernorm_backward_fused_kernel<T, W, 16, false>,
+            layernorm_backward_fused_kernel<T, W, 16, true>}},
+          {{layernorm_backward_fused_kernel<T, 1, 32, false>,
+            layernorm_backward_fused_kernel<T, 1, 32, true>},
+           {layernorm_backward_fused_kernel<T, W, 32, false>,
+            layernorm_backward_fused_kernel<T, W, 32, true>}}};
+      const Kernel kernel = kernels[w32][wide][next];
+      const size_t smem = fused_smem(w32 ? 32 : 16, C, sizeof(T), next);
       if (smem > 48 * 1024)
         ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
       cudak::launch(kernel, static_cast<unsigned>(chunks), w32 ? 1024 : 512, smem, stream, di,
-                    part_dw, part_db, d, x, w, mean, rstd, N, C);
+                    part_dw, part_db, part_next, d, x, w, mean, rstd, N, C);
       ST_CUDA_CHECK_LAUNCH("layernorm_backward_fused_kernel");
+      next_done = next;
     } else {  // wider rows: dinp, then the partials in a second read of dout and inp
       const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
       if (wide) {
@@ -395,6 +412,11 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout
                   static_cast<T*>(dweight), static_cast<T*>(dbias), part_dw, part_db, chunks, C);
     ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_final_kernel");
   });
+  if (next_done) {
+    colsum_finish(dnext, part_next, N, C, dtype, stream);
+  } else if (next) {  // the two-kernel path: the column sums of dinp as matmul's dbias makes them
+    colsum_accumulate(dnext, dinp, N, C, dtype, part_next, stream);
+  }
 }
 
 }  // namespace st::cudak

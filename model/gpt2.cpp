@@ -464,8 +464,13 @@ void GPT2::backward_pass(int grad_accum_steps) {
   be_.matmul_backward(a.dbtc, G[kWte], Tensor(), dlogits, a.lnf, params_[kWte], f);
   be_.zero(a.dresidual);
   const int last = cfg_.n_layer - 1;
-  be_.layernorm_backward(a.dresidual, G[kLnfw], G[kLnfb], a.dbtc, a.residual3[last],
-                         params_[kLnfw], a.lnf_mean, a.lnf_rstd, f);
+  // Each layernorm backward also makes the bias gradient of the projection whose output
+  // gradient it leaves in a.dresidual (the column sums of a.dresidual): the last layer's fc
+  // projection here, then attproj after ln2 and the previous layer's fcproj after ln1; those
+  // matmul_backwards run without dbias (layernorm_backward_dbias; the CPU backend's two calls
+  // have the same bits).
+  be_.layernorm_backward_dbias(a.dresidual, G[kLnfw], G[kLnfb], G[kFcprojb][last], a.dbtc,
+                               a.residual3[last], params_[kLnfw], a.lnf_mean, a.lnf_rstd, f);
   for (int l = last; l >= 0; --l) {
     // Recomputation: the same kernels on the same inputs rewrite the forward's bits (the
     // layernorm's mean and rstd are rewritten with identical values).
@@ -477,23 +482,30 @@ void GPT2::backward_pass(int grad_accum_steps) {
                             params_[kLn1w][l], params_[kLn1b][l], f);
     }
     // a.dresidual holds d(residual3[l]) = d(fcproj[l]).
-    be_.matmul_backward(a.dbt4c, G[kFcprojw][l], G[kFcprojb][l], a.dresidual,
-                        fch_gelu(l), params_[kFcprojw][l], f);
+    be_.matmul_backward(a.dbt4c, G[kFcprojw][l], Tensor(), a.dresidual, fch_gelu(l),
+                        params_[kFcprojw][l], f);
     // The fc bias gradient is the column sum of the GELU's input gradient: made in the pass
     // that writes it (gelu_backward_dbias; the CPU backend's two calls have the same bits).
     be_.gelu_backward_dbias(a.dbt4c, G[kFcb][l], a.fch[l], a.dbt4c, f);
     be_.matmul_backward(a.dbtc, G[kFcw][l], Tensor(), a.dbt4c, ln2(l), params_[kFcw][l], f);
-    be_.layernorm_backward(a.dresidual, G[kLn2w][l], G[kLn2b][l], a.dbtc,
-                           a.residual2[l], params_[kLn2w][l], a.ln2_mean[l], a.ln2_rstd[l], f);
+    be_.layernorm_backward_dbias(a.dresidual, G[kLn2w][l], G[kLn2b][l], G[kAttprojb][l],
+                                 a.dbtc, a.residual2[l], params_[kLn2w][l], a.ln2_mean[l],
+                                 a.ln2_rstd[l], f);
     // a.dresidual now holds d(residual2[l]) = d(attproj[l]).
-    be_.matmul_backward(a.datty, G[kAttprojw][l], G[kAttprojb][l], a.dresidual,
-                        a.atty[l], params_[kAttprojw][l], f);
+    be_.matmul_backward(a.datty, G[kAttprojw][l], Tensor(), a.dresidual, a.atty[l],
+                        params_[kAttprojw][l], f);
     if (observer_) observer_(AttentionTaps{l, a.qkv[l], a.atty[l], a.datty, ln1(l)});
     attn_[l]->backward(a.dqkv, a.datty, a.qkv[l], a.atty[l], a.lse[l], cfg_.n_head, f);
     be_.matmul_backward(a.dbtc, G[kQkvw][l], G[kQkvb][l], a.dqkv, ln1(l),
                         params_[kQkvw][l], f);
-    be_.layernorm_backward(a.dresidual, G[kLn1w][l], G[kLn1b][l], a.dbtc,
-                           residual_in(l), params_[kLn1w][l], a.ln1_mean[l], a.ln1_rstd[l], f);
+    if (l > 0) {  // a.dresidual then holds d(residual3[l - 1]) = d(fcproj[l - 1])
+      be_.layernorm_backward_dbias(a.dresidual, G[kLn1w][l], G[kLn1b][l], G[kFcprojb][l - 1],
+                                   a.dbtc, residual_in(l), params_[kLn1w][l], a.ln1_mean[l],
+                                   a.ln1_rstd[l], f);
+    } else {
+      be_.layernorm_backward(a.dresidual, G[kLn1w][l], G[kLn1b][l], a.dbtc, residual_in(l),
+                             params_[kLn1w][l], a.ln1_mean[l], a.ln1_rstd[l], f);
+    }
   }
   be_.encoder_backward(G[kWte], G[kWpe], a.dresidual, a.tokens, f);
   if (separate) be_.residual_forward(grads_flat_, grads_flat_, scratch_flat_, f);

@@ -786,6 +786,23 @@ std::vector<Case> make_cases(const Cfg& z, DType fmt) {
         return none;
       });
 
+  // ... and with the next projection's bias gradient made in its pass: dnext = colsum of the
+  // dinp it leaves (bias_backward's chunks vs the CPU's row order; dinp's own tolerance).
+  add("layernorm_backward_dbias", "",
+      {acc("dinp", {B, T, C}, close_to(1, 16, 2e-6)), acc("dweight", {C}, close_to(1, 16, 1e-5)),
+       acc("dbias", {C}, close_to(1, 16, 1e-5)), acc("dnext", {C}, close_to(1, 64, 1e-5)),
+       in("dout", {B, T, C}, 0.1), in("inp", {B, T, C}, 1.0, 0.3), in("weight", {C}, 0.1, 1.0),
+       f32(in("mean", {B, T}, 0.05, 0.3)),
+       [&] {
+         Spec s = f32(in("rstd", {B, T}, 0.1, 1.0));
+         s.positive = true;
+         return s;
+       }()},
+      [=](Backend& be, const std::vector<Tensor>& t, const Tensor&, DType f) {
+        be.layernorm_backward_dbias(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], f);
+        return none;
+      });
+
   // ---- matmul (cuBLASLt vs OpenBLAS): both accumulate in FP32 and round once, in different
   // orders (and cuBLASLt with FMA): bf16/fp16 results at most 1 ulp apart; FP32 results
   // within 2e-5 of the largest output (the typical reassociation error is ~1e-7 of it).
@@ -1000,6 +1017,7 @@ const char* const kMethods[] = {"zero",
                                 "encoder_backward",
                                 "layernorm_forward",
                                 "layernorm_backward",
+                                "layernorm_backward_dbias",
                                 "matmul_forward",
                                 "matmul_backward",
                                 "gelu_forward",

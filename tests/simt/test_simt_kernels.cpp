@@ -203,10 +203,28 @@ TEST_P(SimtKernels, Layernorm) {
       Buf a = dev(dx0, f), bw = dev(dw0, f), bb = dev(db0, f), d = dev(dout, f), xd = dev(x, f),
           wd = dev(w, f), m = dev(values(mean), DType::F32), r = dev(values(rstd), DType::F32);
       Buf scratch(DType::F32, cudak::layernorm_backward_scratch(N, C));
-      cudak::layernorm_backward(a.p(), bw.p(), bb.p(), d.p(), xd.p(), wd.p(), m.f(), r.f(), N, C, f,
-                                scratch.f(), nullptr);
+      cudak::layernorm_backward(a.p(), bw.p(), bb.p(), nullptr, d.p(), xd.p(), wd.p(), m.f(),
+                                r.f(), N, C, f, scratch.f(), nullptr);
       return std::vector<Buf>{a, bw, bb};
     });
+    // With dnext: the same dinp/dweight/dbias bits, and dnext the bits of colsum_accumulate
+    // over the dinp it left (the next projection's bias gradient, made in the same pass).
+    auto dn0 = randv(C, f, 17, 0.1);
+    auto g3 = two_schedules([&] {
+      Buf a = dev(dx0, f), bw = dev(dw0, f), bb = dev(db0, f), bn = dev(dn0, f), d = dev(dout, f),
+          xd = dev(x, f), wd = dev(w, f), m = dev(values(mean), DType::F32),
+          r = dev(values(rstd), DType::F32), bn2 = dev(dn0, f);
+      Buf scratch(DType::F32, cudak::layernorm_backward_scratch(N, C));
+      cudak::layernorm_backward(a.p(), bw.p(), bb.p(), bn.p(), d.p(), xd.p(), wd.p(), m.f(), r.f(),
+                                N, C, f, scratch.f(), nullptr);
+      Buf cs(DType::F32, cudak::colsum_scratch(N, C));
+      cudak::colsum_accumulate(bn2.p(), a.p(), N, C, f, cs.f(), nullptr);
+      return std::vector<Buf>{a, bw, bb, bn, bn2};
+    });
+    EXPECT_TRUE(same_bytes(g3[0], g2[0])) << "dinp changed with dnext";
+    EXPECT_TRUE(same_bytes(g3[1], g2[1])) << "dweight changed with dnext";
+    EXPECT_TRUE(same_bytes(g3[2], g2[2])) << "dbias changed with dnext";
+    EXPECT_TRUE(same_bytes(g3[3], g3[4])) << "dnext differs from colsum_accumulate of dinp";
     // dinp: the row sums reassociated and cancelling (floor 2e-6 of the largest gradient);
     // dweight/dbias: column sums in chunks of 64 rows (the CPU's order when N <= 64).
     const double u = f == DType::F32 ? 16.0 : 1.0;
