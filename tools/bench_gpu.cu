@@ -30,6 +30,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
+#include "cuda/kernels.h"
 #include "model/gpt2.h"
 
 namespace st {
@@ -301,6 +302,9 @@ int run_kernels(const Timer& timer, CudaBackend& be) {
          [&] { be.gelu_forward(y, x, bf); });
     time("gelu_backward (in place)", shape_of({N, 4 * C}), 3 * 4 * NC * b2, false,
          [&] { be.gelu_backward(d, x, d, bf); });
+    Tensor db = random_tensor(be, {4 * C}, bf, seed++, 0.01f);
+    time("gelu_backward + dbias (in place)", shape_of({N, 4 * C}), 3 * 4 * NC * b2, false,
+         [&] { be.gelu_backward_dbias(d, db, x, d, bf); });
   }
   struct Mm {
     const char* name;
@@ -336,6 +340,88 @@ int run_kernels(const Timer& timer, CudaBackend& be) {
       be.crossentropy_forward_backward(losses, logits, logits, targets, static_cast<int>(V),
                                        1.0f / N, bf);
     });
+  }
+  // B = 64 (bench train's step): the cost model's out-of-sample rows, by the same names
+  // (tests/simt/cost/simt_cost_model.cpp), so that tools/cost_model_vs_measured.py joins them.
+  {
+    const int64_t B64 = 64, N64 = B64 * T;
+    const double NC64 = static_cast<double>(N64) * C;
+    Tensor tok64 = Tensor::empty({B64, T}, DType::I32), tgt64 = Tensor::empty({B64, T}, DType::I32);
+    for (int64_t i = 0; i < N64; ++i) {
+      tok64.data<int32_t>()[i] = static_cast<int32_t>(rng.below(V));
+      tgt64.data<int32_t>()[i] = static_cast<int32_t>(rng.below(V));
+    }
+    {
+      Tensor wte = random_tensor(be, {Vp, C}, bf, seed++, 0.01f),
+             wpe = random_tensor(be, {T, C}, bf, seed++, 0.01f);
+      Tensor out = random_tensor(be, {B64, T, C}, bf, seed++, 0.1f);
+      time("encoder_forward (B=64)", shape_of({B64, T, C}), 2 * NC64 * b2 + T * C * b2, false,
+           [&] { be.encoder_forward(out, tok64, wte, wpe, bf); });
+      time("encoder_backward (device sort, B=64)", shape_of({B64, T, C}),
+           NC64 * b2 + 2 * T * C * b2, false,
+           [&] { be.encoder_backward(wte, wpe, out, tok64, bf); });
+    }
+    {
+      Tensor a = random_tensor(be, {B64, T, C}, bf, seed++, 1.0f, 0.3f),
+             b = random_tensor(be, {B64, T, C}, bf, seed++, 0.5f), r = be.alloc({B64, T, C}, bf),
+             out = be.alloc({B64, T, C}, bf);
+      Tensor w = random_tensor(be, {C}, bf, seed++, 0.1f, 1.0f),
+             bias = random_tensor(be, {C}, bf, seed++, 0.1f);
+      Tensor mean = be.alloc({B64, T}, DType::F32), rstd = be.alloc({B64, T}, DType::F32);
+      time("residual_forward (B=64)", shape_of({N64, C}), 3 * NC64 * b2, false,
+           [&] { be.residual_forward(r, a, b, bf); });
+      time("layernorm_forward (B=64)", shape_of({N64, C}), 2 * NC64 * b2 + 8.0 * N64, false,
+           [&] { be.layernorm_forward(out, mean, rstd, r, w, bias, bf); });
+      time("residual + layernorm_forward (fused, B=64)", shape_of({N64, C}),
+           4 * NC64 * b2 + 8.0 * N64, false,
+           [&] { be.residual_layernorm_forward(r, out, mean, rstd, a, b, w, bias, bf); });
+      Tensor dinp = random_tensor(be, {B64, T, C}, bf, seed++, 0.1f);
+      Tensor dw = random_tensor(be, {C}, bf, seed++, 0.1f), db = random_tensor(be, {C}, bf, seed++, 0.1f);
+      time("layernorm_backward (B=64)", shape_of({N64, C}), 4 * NC64 * b2 + 8.0 * N64, false,
+           [&] { be.layernorm_backward(dinp, dw, db, b, r, w, mean, rstd, bf); });
+      Tensor dn = random_tensor(be, {C}, bf, seed++, 0.1f);
+      time("layernorm_backward + dbias (B=64)", shape_of({N64, C}), 4 * NC64 * b2 + 8.0 * N64,
+           false, [&] { be.layernorm_backward_dbias(dinp, dw, db, dn, b, r, w, mean, rstd, bf); });
+    }
+    {  // the dbias column sums of the biased matmul backwards (cudak::colsum_accumulate)
+      Tensor d = random_tensor(be, {N64, 4 * C}, bf, seed++, 0.01f);
+      for (int64_t oc : {3 * C, C, 4 * C}) {
+        Tensor db = random_tensor(be, {oc}, bf, seed++, 0.01f);
+        Tensor scratch = be.alloc(
+            {static_cast<int64_t>(cudak::colsum_scratch(static_cast<int>(N64), static_cast<int>(oc)))},
+            DType::F32);
+        time("colsum dbias (B=64, OC=" + std::to_string(oc) + ")", shape_of({N64, oc}),
+             N64 * static_cast<double>(oc) * b2, false, [&] {
+               cudak::colsum_accumulate(db.raw(), d.raw(), static_cast<int>(N64),
+                                        static_cast<int>(oc), bf,
+                                        static_cast<float*>(scratch.raw()), be.stream());
+             });
+      }
+    }
+    {
+      Tensor x = random_tensor(be, {N64, 4 * C}, bf, seed++, 2.0f), y = be.alloc({N64, 4 * C}, bf);
+      time("gelu_forward (B=64)", shape_of({N64, 4 * C}), 2 * 4 * NC64 * b2, false,
+           [&] { be.gelu_forward(y, x, bf); });
+      time("gelu_backward (in place, B=64)", shape_of({N64, 4 * C}), 3 * 4 * NC64 * b2, false,
+           [&] { be.gelu_backward(y, x, y, bf); });
+      Tensor db = random_tensor(be, {4 * C}, bf, seed++, 0.01f);
+      time("gelu_backward + dbias (in place, B=64)", shape_of({N64, 4 * C}), 3 * 4 * NC64 * b2,
+           false, [&] { be.gelu_backward_dbias(y, db, x, y, bf); });
+    }
+    {
+      Tensor logits = random_tensor(be, {B64, T, Vp}, bf, seed++, 2.0f),
+             losses = be.alloc({B64, T}, DType::F32);
+      const double L = static_cast<double>(N64) * Vp * b2;
+      time("crossentropy forward only (B=64)", shape_of({N64, Vp}), L + 4.0 * N64, false, [&] {
+        be.crossentropy_forward_backward(losses, Tensor(), logits, tgt64, static_cast<int>(V),
+                                         0.0f, bf);
+      });
+      time("crossentropy fwd+bwd (in place, B=64)", shape_of({N64, Vp}), 2 * L + 4.0 * N64, false,
+           [&] {
+             be.crossentropy_forward_backward(losses, logits, logits, tgt64, static_cast<int>(V),
+                                              1.0f / N64, bf);
+           });
+    }
   }
   {
     GPT2Config cfg;

@@ -27,12 +27,16 @@ def measured_rows(path):
 
 
 def predicted_rows(path):
+    """{row: predicted microseconds}. A row the fit left out because its kernel changed after
+    the calibration's measurement is kept (its prediction is of the kernel as it is now,
+    which is what a new measurement tests); a row with no prediction (a replaced host path,
+    predicted 0) is not."""
     rows = {}
     with open(path, encoding="utf-8") as f:
         for r in csv.DictReader(f):
-            if r.get("excluded"):
-                continue
-            rows[r["row"]] = float(r["predicted_us"])
+            us = float(r["predicted_us"])
+            if us > 0:
+                rows[r["row"]] = us
     return rows
 
 

@@ -132,8 +132,10 @@ std::vector<Row> build_rows(uint64_t mb) {
       cudak::layernorm_backward(dinp.p, dw.p, db.p, nullptr, dout.p, inp.p, w.p, mean.as<float>(),
                                 rstd.as<float>(), N, C, bf, scr.as<float>(), nullptr);
     });
-    lb.excluded = "changed since the H200 measured it: its dweight/dbias partial kernel now reads "
-                  "16-byte vectors (the 42.7 us are of the 2-byte version; predicted then 49.3 us)";
+    lb.excluded = "changed since the H200 measured it: dinp and the dweight/dbias partials are "
+                  "one kernel, a block per 64-row chunk (the 42.7 us are of the two-kernel version "
+                  "with 2-byte partials, predicted then 49.3 us; its 16-byte-partial successor "
+                  "measured 58.3 us on 2026-11-28, predicted 30.7)";
     add("residual_forward", shape_of({N, C}), 10.9,
         [&] { cudak::residual_forward(out.p, inp.p, dinp.p, N * C, bf, nullptr); });
     // not measured yet: the pair above (10.9 + 14.7 us measured) as one kernel
@@ -162,6 +164,13 @@ std::vector<Row> build_rows(uint64_t mb) {
       cudak::layernorm_backward(dinp.p, dw.p, db.p, nullptr, d.p, res.p, w.p, mean.as<float>(),
                                 rstd.as<float>(), N64, C, bf, scr.as<float>(), nullptr);
     });
+    // with the next projection's dbias made in the same pass (replaces the pair
+    // layernorm_backward + colsum dbias OC = 768)
+    Mem dn(C * 2);
+    add("layernorm_backward + dbias (B=64)", shape_of({N64, C}), 0, [&] {
+      cudak::layernorm_backward(dinp.p, dw.p, db.p, dn.p, d.p, res.p, w.p, mean.as<float>(),
+                                rstd.as<float>(), N64, C, bf, scr.as<float>(), nullptr);
+    });
   }
   {  // dbias of the four biased matmul backwards per layer (colsum_accumulate, reduce.cu), B = 64
     const long long N64 = 64 * T;
@@ -179,6 +188,12 @@ std::vector<Row> build_rows(uint64_t mb) {
         [&] { cudak::gelu_forward(y.p, x.p, N64 * 4 * C, bf, nullptr); });
     add("gelu_backward (in place, B=64)", shape_of({N64, 4 * C}), 0,
         [&] { cudak::gelu_backward(y.p, x.p, y.p, N64 * 4 * C, bf, nullptr); });
+    // gelu_backward with the fc dbias column sums in the same pass (replaces the pair
+    // gelu_backward + colsum dbias OC = 3072)
+    Mem db(4 * C * 2), scr(cudak::colsum_scratch(N64, 4 * C) * 4);
+    add("gelu_backward + dbias (in place, B=64)", shape_of({N64, 4 * C}), 0, [&] {
+      cudak::gelu_backward_dbias(y.p, db.p, x.p, y.p, N64, 4 * C, bf, scr.as<float>(), nullptr);
+    });
     Mem logits(N64 * Vp * 2), losses(N64 * 4);
     auto tgt = tokens_of(N64, 9);
     Row& f = add("crossentropy forward only (B=64)", shape_of({N64, Vp}), 0, [&] {
@@ -198,6 +213,10 @@ std::vector<Row> build_rows(uint64_t mb) {
         [&] { cudak::gelu_forward(y.p, x.p, N * 4 * C, bf, nullptr); });
     add("gelu_backward (in place)", shape_of({N, 4 * C}), 50.6,
         [&] { cudak::gelu_backward(d.p, x.p, d.p, N * 4 * C, bf, nullptr); });
+    Mem db(4 * C * 2), scr(cudak::colsum_scratch(N, 4 * C) * 4);
+    add("gelu_backward + dbias (in place)", shape_of({N, 4 * C}), 0, [&] {
+      cudak::gelu_backward_dbias(d.p, db.p, x.p, d.p, N, 4 * C, bf, scr.as<float>(), nullptr);
+    });
   }
   {  // cross-entropy
     Mem logits(N * Vp * 2), losses(N * 4);
@@ -379,28 +398,56 @@ int run(int argc, char** argv) {
   };
   struct Family {
     const char* name;
-    double measured_ms;
-    int calls;
-    std::vector<std::pair<const char*, int>> parts;  // row, calls per step
+    double measured_ms;  // 2026-11-27, the kernels of f8b7fb4; < 0: not a family then
+    int calls;           // calls per step measured
+    std::vector<std::pair<const char*, int>> parts;  // row of this tree, calls per step
   };
+  // The memory-bound kernels of this tree's step (GPT2::forward_backward, 12 layers).
   const std::vector<Family> fam = {
-      {"crossentropy", 10.40, 2,
-       {{"crossentropy forward only (B=64)", 1}, {"crossentropy fwd+bwd (in place, B=64)", 1}}},
-      {"layernorm", 8.27, 50, {{"layernorm_forward (B=64)", 25}, {"layernorm_backward (B=64)", 25}}},
-      {"gelu", 6.35, 24, {{"gelu_forward (B=64)", 12}, {"gelu_backward (in place, B=64)", 12}}},
-      {"residual", 1.93, 24, {{"residual_forward (B=64)", 24}}},
+      // one classifier pass per micro-batch; the step measured ran two (a loss-only pass in
+      // forward(), the loss+dlogits pass in backward())
+      {"crossentropy", 10.40, 2, {{"crossentropy fwd+bwd (in place, B=64)", 1}}},
+      // now: ln1 of layer 0 alone, the other 24 forwards fused with their residual add (the
+      // residual family measured 1.93 ms then); 24 of the 25 backwards also make a
+      // projection's dbias (attproj, fcproj: from the matmul family then)
+      {"layernorm", 8.27, 50,
+       {{"layernorm_forward (B=64)", 1},
+        {"residual + layernorm_forward (fused, B=64)", 24},
+        {"layernorm_backward (B=64)", 1},
+        {"layernorm_backward + dbias (B=64)", 24}}},
+      {"residual", 1.93, 24, {}},
+      // the backward also makes the fc dbias (from the matmul family then)
+      {"gelu", 6.35, 24,
+       {{"gelu_forward (B=64)", 12}, {"gelu_backward + dbias (in place, B=64)", 12}}},
+      // the qkv dbias, still inside matmul_backward (part of the matmul family)
+      {"matmul dbias (qkv)", -1, 12, {{"colsum dbias (B=64, OC=2304)", 12}}},
+      {"encoder", 8.7, 2,
+       {{"encoder_forward (B=64)", 1}, {"encoder_backward (device sort, B=64)", 1}}},
       {"adamw", 1.21, 16, {{"adamw_update", 1}}}};
-  std::printf("\nbench train's step families at B=64: measured (flash step, synchronized pass, "
-              "H200 2026-11-27, the kernels of f8b7fb4) vs predicted (the kernels of this tree; "
-              "where they changed, the ratio is a prediction of the change, not a check)\n\n"
-              "| family | calls/step | measured ms | predicted ms | predicted / measured |\n"
-              "|---|---|---|---|---|\n");
+  std::printf("\nbench train's step at B=64, memory-bound kernels: measured per family "
+              "(flash step, synchronized pass, H200 2026-11-27, the kernels of f8b7fb4) and "
+              "predicted for the kernels this tree's step runs (where they changed, the ratio "
+              "is a prediction of the change, not a check)\n\n"
+              "| family | calls/step then | measured ms then | rows now (calls) | predicted ms now "
+              "| predicted / measured |\n|---|---|---|---|---|---|\n");
+  double total = 0;
   for (const Family& f : fam) {
     double t = 0;
-    for (const auto& [row, n] : f.parts) t += n * pred_of(row);
-    std::printf("| %s | %d | %.2f | %.2f | %.2f |\n", f.name, f.calls, f.measured_ms, t / 1e3,
-                t / 1e3 / f.measured_ms);
+    std::string parts;
+    for (const auto& [row, n] : f.parts) {
+      t += n * pred_of(row);
+      parts += (parts.empty() ? "" : ", ") + std::string(row) + " x" + std::to_string(n);
+    }
+    total += t;
+    char meas[32] = "-", ratio[32] = "-";
+    if (f.measured_ms >= 0) {
+      std::snprintf(meas, sizeof meas, "%.2f", f.measured_ms);
+      std::snprintf(ratio, sizeof ratio, "%.2f", t / 1e3 / f.measured_ms);
+    }
+    std::printf("| %s | %d | %s | %s | %.2f | %s |\n", f.name, f.calls, meas,
+                parts.empty() ? "(fused into layernorm)" : parts.c_str(), t / 1e3, ratio);
   }
+  std::printf("\nthe step's memory-bound kernels now, predicted: %.2f ms\n", total / 1e3);
   std::printf("\n%d rows compared: largest error %.1f%%, largest leave-one-out error %.1f%% "
               "(acceptance: every row within 20%%)\n",
               fitted, 100 * worst, 100 * worst_loo);
