@@ -6,7 +6,8 @@
 // master weights and moments are bit-identical to the CPU backend's; the compute copy gets
 // round_fmt(p) (RNE), or, with stochastic rounding on, cuda/stochastic_round.h's rounding
 // with the counter-based random bits of (seed, step, flat index), which a host
-// implementation reproduces bit for bit. One thread per element, grid-stride.
+// implementation reproduces bit for bit. Grid-stride, 4 elements per thread and step (16-byte
+// loads of master, m and v) when the pointers allow, else one.
 #include <cmath>
 
 #include "cuda/cuda_check.h"
@@ -44,27 +45,54 @@ __device__ __forceinline__ __half round_stochastic<__half>(float p, uint32_t r24
   return __ushort_as_half(sr::stochastic_round(p, rne, r24, DecodeF16{}));
 }
 
+// One element's update (the CPU's operations in the CPU's order).
 template <class T, bool kStochastic>
-__global__ void adamw_kernel(float* master, T* param, const T* grad, float* m, float* v, size_t n,
-                             AdamWScalars s, uint64_t seed, uint64_t step, uint64_t index0) {
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float g = to_float(grad[i]) * s.grad_scale;
-    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
-    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float p = master[i] * s.decay;
-    p -= s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
-    master[i] = p;
-    if (param) {
-      if constexpr (kStochastic) {
-        param[i] = round_stochastic<T>(p, sr::random24(seed, step, index0 + i));
-      } else {
-        param[i] = from_float<T>(p);
-      }
+__device__ __forceinline__ void adamw_element(float& master, T* param, T grad, float& m, float& v,
+                                              const AdamWScalars& s, uint64_t seed,
+                                              uint64_t step, uint64_t index) {
+  const float g = to_float(grad) * s.grad_scale;
+  const float mi = s.beta1 * m + (1.0f - s.beta1) * g;
+  const float vi = s.beta2 * v + (1.0f - s.beta2) * g * g;
+  m = mi;
+  v = vi;
+  float p = master * s.decay;
+  p -= s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+  master = p;
+  if (param) {
+    if constexpr (kStochastic) {
+      *param = round_stochastic<T>(p, sr::random24(seed, step, index));
+    } else {
+      *param = from_float<T>(p);
     }
   }
+}
+
+// V elements per thread and step of the grid-stride loop: master, m and v as 16-byte vectors
+// (V = 4), grad and param as V-element vectors, when every pointer allows it (nvec > 0); the
+// elements from nvec * V on, or all of them, one at a time. Elementwise: the same bits.
+template <class T, bool kStochastic, int V>
+__global__ void adamw_kernel(float* master, T* param, const T* grad, float* m, float* v, size_t n,
+                             size_t nvec, AdamWScalars s, uint64_t seed, uint64_t step,
+                             uint64_t index0) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (size_t iv = tid; iv < nvec; iv += stride) {
+    const size_t i = iv * V;
+    Vec<float, V> mw = load_vec<V>(master + i), mm = load_vec<V>(m + i), vv = load_vec<V>(v + i);
+    const Vec<T, V> gv = load_vec<V>(grad + i);
+    Vec<T, V> pv;
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      adamw_element<T, kStochastic>(mw.v[k], param ? &pv.v[k] : nullptr, gv.v[k], mm.v[k],
+                                    vv.v[k], s, seed, step, index0 + i + k);
+    store_vec<V>(master + i, mw);
+    store_vec<V>(m + i, mm);
+    store_vec<V>(v + i, vv);
+    if (param) store_vec<V>(param + i, pv);
+  }
+  for (size_t i = nvec * V + tid; i < n; i += stride)
+    adamw_element<T, kStochastic>(master[i], param ? param + i : nullptr, grad[i], m[i], v[i], s,
+                                  seed, step, index0 + i);
 }
 
 }  // namespace
@@ -92,16 +120,24 @@ void adamw(float* master, void* param, const void* grad, float* m, float* v, siz
            uint64_t index0, cudaStream_t stream) {
   if (n == 0) return;
   constexpr int kThreads = 256;
+  constexpr int V = 4;
+  auto aligned = [](const void* p, size_t bytes) {
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+  };
   dispatch_storage(dtype, "adamw", [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto* p = static_cast<T*>(param);
     const auto* g = static_cast<const T*>(grad);
+    const bool vec = aligned(master, 16) && aligned(m, 16) && aligned(v, 16) &&
+                     aligned(g, V * sizeof(T)) && (!p || aligned(p, V * sizeof(T)));
+    const size_t nvec = vec ? n / V : 0;
+    const unsigned grid = grid_for(nvec > 0 ? nvec : n, kThreads);
     if (stochastic) {
-      cudak::launch(adamw_kernel<T, true>, grid_for(n, kThreads), kThreads, 0, stream, master, p, g,
-                    m, v, n, s, seed, step, index0);
+      cudak::launch(adamw_kernel<T, true, V>, grid, kThreads, 0, stream, master, p, g, m, v, n,
+                    nvec, s, seed, step, index0);
     } else {
-      cudak::launch(adamw_kernel<T, false>, grid_for(n, kThreads), kThreads, 0, stream, master, p,
-                    g, m, v, n, s, seed, step, index0);
+      cudak::launch(adamw_kernel<T, false, V>, grid, kThreads, 0, stream, master, p, g, m, v, n,
+                    nvec, s, seed, step, index0);
     }
     ST_CUDA_CHECK_LAUNCH("adamw_kernel");
   });

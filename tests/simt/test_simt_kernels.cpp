@@ -555,6 +555,40 @@ TEST_P(SimtKernels, AdamW) {
   compare("adamw v", got[3], values(v), DType::F32, kExact);
 }
 
+// The 4-wide path (aligned pointers) and the one-element path (the same arrays one element
+// in, so no pointer is 16-byte aligned) give the same bits element for element, with
+// round-to-nearest and with stochastic rounding (whose random bits come from the element's
+// flat index: index0 + i).
+TEST_P(SimtKernels, AdamWVectorAndScalarPathsAgree) {
+  const DType f = GetParam();
+  const size_t n = 1003;
+  auto master0 = randv(n, DType::F32, 54, 0.1), grad = randv(n, f, 55, 0.01),
+       m0 = randv(n, DType::F32, 56, 0.001), v0 = randv(n, DType::F32, 57, 0.001);
+  for (auto& v : v0) v = v * v;
+  const auto sc = cudak::adamw_scalars(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f);
+  for (bool stochastic : {false, true}) {
+    SCOPED_TRACE(stochastic ? "stochastic rounding" : "round to nearest");
+    auto run = [&](size_t off) {
+      return two_schedules([&] {
+        Buf md = dev(master0, DType::F32), p(f, n), g = dev(grad, f), mm = dev(m0, DType::F32),
+            vv = dev(v0, DType::F32);
+        cudak::adamw(md.f() + off, static_cast<unsigned char*>(p.p()) + off * dtype_size(f),
+                     static_cast<const unsigned char*>(g.p()) + off * dtype_size(f),
+                     mm.f() + off, vv.f() + off, n - off, sc, f, stochastic, 1234, 7, off,
+                     nullptr);
+        return std::vector<Buf>{md, p, mm, vv};
+      });
+    };
+    const auto wide = run(0), narrow = run(1);
+    for (int k = 0; k < 4; ++k) {
+      const size_t es = dtype_size(wide[k].dtype);
+      EXPECT_EQ(0, std::memcmp(static_cast<unsigned char*>(wide[k].p()) + es,
+                               static_cast<unsigned char*>(narrow[k].p()) + es, (n - 1) * es))
+          << "output " << k << " differs between the 4-wide and the one-element path";
+    }
+  }
+}
+
 // ---------------------------------------------------------------- baseline attention rows
 
 // FP64 reference of the softmax row kernel's documented arithmetic (attention_baseline.cu):

@@ -245,10 +245,13 @@ std::vector<Row> build_rows(uint64_t mb) {
     af.memsets = 1;
     af.fetches = 1;
     const cudak::AdamWScalars s = cudak::adamw_scalars(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 1.0f);
-    add("adamw_update", std::to_string(P), 1053.0, [&] {
+    Row& aw = add("adamw_update", std::to_string(P), 1053.0, [&] {
       cudak::adamw(master.as<float>(), param.p, grad.p, m.as<float>(), v.as<float>(), P, s, bf,
                    false, 0, 10, 0, nullptr);
     });
+    aw.excluded = "changed since the H200 measured it: 4 elements per thread (16-byte loads of "
+                  "master, m, v) instead of one (the 1053.0 us are of the one-element kernel, "
+                  "predicted then 977.9 us, request-bound)";
     add("round_copy fp32 -> bf16", std::to_string(P), 180.3,
         [&] { cuda_convert(param.p, bf, master.p, DType::F32, P, nullptr); });
     Row& z = add("zero", std::to_string(P), 61.5, nullptr);
@@ -440,8 +443,8 @@ int run(int argc, char** argv) {
     }
     total += t;
     char meas[32] = "-", ratio[32] = "-";
-    if (f.measured_ms >= 0) {
-      std::snprintf(meas, sizeof meas, "%.2f", f.measured_ms);
+    if (f.measured_ms >= 0) std::snprintf(meas, sizeof meas, "%.2f", f.measured_ms);
+    if (f.measured_ms >= 0 && !f.parts.empty()) {
       std::snprintf(ratio, sizeof ratio, "%.2f", t / 1e3 / f.measured_ms);
     }
     std::printf("| %s | %d | %s | %s | %.2f | %s |\n", f.name, f.calls, meas,
