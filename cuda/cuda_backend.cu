@@ -589,16 +589,24 @@ void CudaBackend::gelu_forward(const Tensor& out, const Tensor& inp, DType fmt) 
   cudak::gelu_forward(out.raw(), inp.raw(), static_cast<size_t>(inp.numel()), s, stream_);
 }
 
+namespace {
+// The operands of a GELU backward (what: the method's name, for the errors).
+void check_gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout, DType s,
+                         const std::string& what) {
+  check_same(dinp, inp, "gelu dinp vs inp");
+  check_same(dout, inp, "gelu dout vs inp");
+  check_operand(dinp, s, (what + ": dinp").c_str());
+  check_operand(inp, s, (what + ": inp").c_str());
+  check_operand(dout, s, (what + ": dout").c_str());
+  check_elementwise_alias(dinp, inp, what.c_str());
+  check_elementwise_alias(dinp, dout, what.c_str());
+}
+}  // namespace
+
 void CudaBackend::gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout,
                                 DType fmt) {
   const DType s = storage_dtype(fmt);
-  check_same(dinp, inp, "gelu dinp vs inp");
-  check_same(dout, inp, "gelu dout vs inp");
-  check_operand(dinp, s, "gelu_backward: dinp");
-  check_operand(inp, s, "gelu_backward: inp");
-  check_operand(dout, s, "gelu_backward: dout");
-  check_elementwise_alias(dinp, inp, "gelu_backward");
-  check_elementwise_alias(dinp, dout, "gelu_backward");
+  check_gelu_backward(dinp, inp, dout, s, "gelu_backward");
   cudak::gelu_backward(dinp.raw(), inp.raw(), dout.raw(), static_cast<size_t>(inp.numel()), s,
                        stream_);
 }
@@ -608,13 +616,7 @@ void CudaBackend::gelu_backward(const Tensor& dinp, const Tensor& inp, const Ten
 void CudaBackend::gelu_backward_dbias(const Tensor& dinp, const Tensor& dbias, const Tensor& inp,
                                       const Tensor& dout, DType fmt) {
   const DType s = storage_dtype(fmt);
-  check_same(dinp, inp, "gelu dinp vs inp");
-  check_same(dout, inp, "gelu dout vs inp");
-  check_operand(dinp, s, "gelu_backward_dbias: dinp");
-  check_operand(inp, s, "gelu_backward_dbias: inp");
-  check_operand(dout, s, "gelu_backward_dbias: dout");
-  check_elementwise_alias(dinp, inp, "gelu_backward_dbias");
-  check_elementwise_alias(dinp, dout, "gelu_backward_dbias");
+  check_gelu_backward(dinp, inp, dout, s, "gelu_backward_dbias");
   ST_CHECK(dbias.defined() && dbias.ndim() == 1 && dbias.numel() > 0 &&
                inp.dim(-1) == dbias.numel(),
            "gelu_backward_dbias: dbias ", dbias.desc(), " must be (OC) for inp ", inp.desc());

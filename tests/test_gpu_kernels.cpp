@@ -768,6 +768,11 @@ std::vector<Case> make_cases(const Cfg& z, DType fmt) {
         be.residual_layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], f);
         return none;
       });
+  const Spec rstd_in = [&] {
+    Spec s = f32(in("rstd", {B, T}, 0.1, 1.0));
+    s.positive = true;
+    return s;
+  }();
   // dinp: the two row sums are reassociated (as forward) and the result cancels (dn - mean
   // - n*mean): floor 2e-6 of the largest gradient. dweight/dbias: column sums over N rows in
   // chunks of 64 (exact when N <= 64), FP32 reassociation over up to N terms.
@@ -776,11 +781,7 @@ std::vector<Case> make_cases(const Cfg& z, DType fmt) {
        acc("dbias", {C}, close_to(1, 16, 1e-5)), in("dout", {B, T, C}, 0.1),
        in("inp", {B, T, C}, 1.0, 0.3), in("weight", {C}, 0.1, 1.0),
        f32(in("mean", {B, T}, 0.05, 0.3)),
-       [&] {
-         Spec s = f32(in("rstd", {B, T}, 0.1, 1.0));
-         s.positive = true;
-         return s;
-       }()},
+       rstd_in},
       [=](Backend& be, const std::vector<Tensor>& t, const Tensor&, DType f) {
         be.layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], f);
         return none;
@@ -793,11 +794,7 @@ std::vector<Case> make_cases(const Cfg& z, DType fmt) {
        acc("dbias", {C}, close_to(1, 16, 1e-5)), acc("dnext", {C}, close_to(1, 64, 1e-5)),
        in("dout", {B, T, C}, 0.1), in("inp", {B, T, C}, 1.0, 0.3), in("weight", {C}, 0.1, 1.0),
        f32(in("mean", {B, T}, 0.05, 0.3)),
-       [&] {
-         Spec s = f32(in("rstd", {B, T}, 0.1, 1.0));
-         s.positive = true;
-         return s;
-       }()},
+       rstd_in},
       [=](Backend& be, const std::vector<Tensor>& t, const Tensor&, DType f) {
         be.layernorm_backward_dbias(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], f);
         return none;
