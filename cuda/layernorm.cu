@@ -349,7 +349,6 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, void* dnext, con
   float* part_db = scratch + static_cast<size_t>(chunks) * C;
   float* part_next = scratch + 2 * static_cast<size_t>(chunks) * C;
   const bool next = dnext != nullptr;
-  bool next_done = false;  // part_next written by the fused kernel
   dispatch_storage(dtype, "layernorm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kWide<T>;
@@ -381,7 +380,6 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, void* dnext, con
       cudak::launch(kernel, static_cast<unsigned>(chunks), w32 ? 1024 : 512, smem, stream, di,
                     part_dw, part_db, part_next, d, x, w, mean, rstd, N, C);
       ST_CUDA_CHECK_LAUNCH("layernorm_backward_fused_kernel");
-      next_done = next;
     } else {  // wider rows: dinp, then the partials in a second read of dout and inp
       const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
       if (wide) {
@@ -412,7 +410,7 @@ void layernorm_backward(void* dinp, void* dweight, void* dbias, void* dnext, con
                   static_cast<T*>(dweight), static_cast<T*>(dbias), part_dw, part_db, chunks, C);
     ST_CUDA_CHECK_LAUNCH("layernorm_dwdb_final_kernel");
   });
-  if (next_done) {
+  if (next && C <= kFusedMaxC) {  // the fused kernel wrote part_next
     colsum_finish(dnext, part_next, N, C, dtype, stream);
   } else if (next) {  // the two-kernel path: the column sums of dinp as matmul's dbias makes them
     colsum_accumulate(dnext, dinp, N, C, dtype, part_next, stream);

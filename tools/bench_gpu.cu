@@ -30,7 +30,6 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
-#include "cuda/kernels.h"
 #include "model/gpt2.h"
 
 namespace st {
@@ -383,19 +382,13 @@ int run_kernels(const Timer& timer, CudaBackend& be) {
       time("layernorm_backward + dbias (B=64)", shape_of({N64, C}), 4 * NC64 * b2 + 8.0 * N64,
            false, [&] { be.layernorm_backward_dbias(dinp, dw, db, dn, b, r, w, mean, rstd, bf); });
     }
-    {  // the dbias column sums of the biased matmul backwards (cudak::colsum_accumulate)
+    {  // the dbias column sums of the biased matmul backwards (Backend::bias_backward)
       Tensor d = random_tensor(be, {N64, 4 * C}, bf, seed++, 0.01f);
       for (int64_t oc : {3 * C, C, 4 * C}) {
         Tensor db = random_tensor(be, {oc}, bf, seed++, 0.01f);
-        Tensor scratch = be.alloc(
-            {static_cast<int64_t>(cudak::colsum_scratch(static_cast<int>(N64), static_cast<int>(oc)))},
-            DType::F32);
+        const Tensor dv = d.flat(0, N64 * oc, {N64, oc});
         time("colsum dbias (B=64, OC=" + std::to_string(oc) + ")", shape_of({N64, oc}),
-             N64 * static_cast<double>(oc) * b2, false, [&] {
-               cudak::colsum_accumulate(db.raw(), d.raw(), static_cast<int>(N64),
-                                        static_cast<int>(oc), bf,
-                                        static_cast<float*>(scratch.raw()), be.stream());
-             });
+             N64 * static_cast<double>(oc) * b2, false, [&] { be.bias_backward(db, dv, bf); });
       }
     }
     {

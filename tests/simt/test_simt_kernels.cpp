@@ -528,12 +528,22 @@ TEST_P(SimtKernels, Reductions) {
 
 // ---------------------------------------------------------------- AdamW
 
+// AdamW's inputs: FP32 master, m and v >= 0, a gradient in f (seeds seed .. seed + 3).
+struct AdamWInputs {
+  std::vector<float> master, grad, m, v;
+};
+AdamWInputs adamw_inputs(size_t n, DType f, uint64_t seed) {
+  AdamWInputs in{randv(n, DType::F32, seed, 0.1), randv(n, f, seed + 1, 0.01),
+                 randv(n, DType::F32, seed + 2, 0.001), randv(n, DType::F32, seed + 3, 0.001)};
+  for (auto& x : in.v) x = x * x;
+  return in;
+}
+
 TEST_P(SimtKernels, AdamW) {
   const DType f = GetParam();
   const size_t n = 1003;
-  auto master0 = randv(n, DType::F32, 50, 0.1), grad = randv(n, f, 51, 0.01),
-       m0 = randv(n, DType::F32, 52, 0.001), v0 = randv(n, DType::F32, 53, 0.001);
-  for (auto& v : v0) v = v * v;
+  const AdamWInputs in = adamw_inputs(n, f, 50);
+  const std::vector<float>&master0 = in.master, &grad = in.grad, &m0 = in.m, &v0 = in.v;
   AdamWArgs a;
   a.lr = 1e-3f, a.weight_decay = 0.1f, a.step = 7, a.grad_scale = 0.5f;
   const Shape s{static_cast<int64_t>(n)};
@@ -562,9 +572,8 @@ TEST_P(SimtKernels, AdamW) {
 TEST_P(SimtKernels, AdamWVectorAndScalarPathsAgree) {
   const DType f = GetParam();
   const size_t n = 1003;
-  auto master0 = randv(n, DType::F32, 54, 0.1), grad = randv(n, f, 55, 0.01),
-       m0 = randv(n, DType::F32, 56, 0.001), v0 = randv(n, DType::F32, 57, 0.001);
-  for (auto& v : v0) v = v * v;
+  const AdamWInputs in = adamw_inputs(n, f, 54);
+  const std::vector<float>&master0 = in.master, &grad = in.grad, &m0 = in.m, &v0 = in.v;
   const auto sc = cudak::adamw_scalars(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f);
   for (bool stochastic : {false, true}) {
     SCOPED_TRACE(stochastic ? "stochastic rounding" : "round to nearest");
