@@ -14,6 +14,10 @@
 //                                             Qiu & Yao's bias arises; o_tilde_bits narrows
 //                                             these three roundings only)
 //   O = r_o(O~ / l); o32 = O~ / l in the wide format; lse = m + log l (wide)
+// o_tilde_scope confines o_tilde_bits to the O~ updates of tied key tiles (tied), or to as
+// many untied tiles as there are tied ones in the head's call (untied_matched; the tiles
+// chosen by o_tilde_matched_tiles); the other updates round into accum. tie_break lowers the
+// j-th tied score of a tied tile by j * tie_break inside exp (P~ only).
 // r_s, r_a, r_l, r_p, r_o round to scores, accum, lsum, probs, out (docs/numerics.md states
 // these conventions for every backend). Inner r_x(...) marks rounding of an
 // intermediate result, applied only under every_op / every_mac (n.round_ops).
@@ -37,7 +41,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <utility>
 
 #include "core/error.h"
 
@@ -110,9 +116,11 @@ struct Ctx {
   bool flash;
   const double* dots;  // (T, Tk) given q.k values, or null: computed from q and K
   double rop(double x, DType f) const { return n.round_ops ? round_fmt(x, f) : x; }
-  // Rounding into O~'s format: accum, or o_tilde_bits fraction bits when set.
-  double r_ot(double x) const {
-    return n.o_tilde_bits ? round_fraction_bits(x, n.o_tilde_bits) : round_fmt(x, n.accum);
+  // Rounding into O~'s format: accum, or o_tilde_bits fraction bits when set and this key
+  // tile is in o_tilde_scope (narrow).
+  double r_ot(double x, bool narrow = true) const {
+    return narrow && n.o_tilde_bits ? round_fraction_bits(x, n.o_tilde_bits)
+                                    : round_fmt(x, n.accum);
   }
   int last_key(int t) const { return cfg.causal ? t : Tk - 1; }
   // S[s] for keys [c0, c1) of query row t (q: that row); kt is K transposed (d x Tk).
@@ -279,12 +287,36 @@ void baseline_forward(const Ctx& c, const double* q, const double* kt, const dou
   }
 }
 
+// The untied_matched scope's tiles of a head's call: per (row, key tile) in row order, tied
+// and its maximum from one pass over the scores (the forward's own, recomputed).
+std::vector<uint8_t> matched_tiles(const Ctx& c, const double* q, const double* kt) {
+  std::vector<uint8_t> tied;
+  std::vector<float> tile_max;
+  std::vector<double> S(c.Tk);
+  for (int t = 0; t < c.T; ++t) {
+    const int last = c.last_key(t);
+    for (int c0 = 0; c0 <= last; c0 += c.bc) {
+      const int c1 = std::min(c0 + c.bc, last + 1);
+      c.score_row(t, q ? q + t * c.d : nullptr, kt, c0, c1, S.data());
+      double rm = kNegInf;
+      for (int s = c0; s < c1; ++s) rm = std::max(rm, S[s]);
+      tied.push_back(tile_ties(S.data() + c0, c1 - c0, rm, c.cfg.tie_tol) > 1);
+      tile_max.push_back(static_cast<float>(rm));
+    }
+  }
+  return o_tilde_matched_tiles(tied, tile_max);
+}
+
 void flash_forward(const Ctx& c, const double* q, const double* kt, const double* v,
                    HeadForward& fw, bool want_stats) {
   const auto& n = c.n;
   const int T = c.T, d = c.d;
   const bool stab = c.cfg.kind == AttentionKind::StabilizedFlash;
   const double cap = stabilized_max_shift(c.cfg, n.probs);
+  const std::vector<uint8_t> matched = n.o_tilde_scope == OTildeScope::UntiedMatched
+                                           ? matched_tiles(c, q, kt)
+                                           : std::vector<uint8_t>{};
+  size_t tile_index = 0;
   std::vector<double> S(c.Tk), P(c.bc), acc(d), pv(d);
   for (int t = 0; t < T; ++t) {
     const int last = c.last_key(t);
@@ -295,10 +327,10 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       double rm = kNegInf;
       c.score_row(t, q ? q + t * d : nullptr, kt, c0, c1, S.data());
       for (int s = c0; s < c1; ++s) rm = std::max(rm, S[s]);
+      const int ties = tile_ties(S.data() + c0, c1 - c0, rm, c.cfg.tie_tol);
+      const bool narrow = o_tilde_narrows(n.o_tilde_scope, ties > 1, matched, tile_index++);
       double mp = rm;
       if (stab) {
-        int ties = 0;
-        for (int s = c0; s < c1; ++s) ties += S[s] >= rm - c.cfg.tie_tol;
         if (ties > 1 && rm != 0.0) {
           const double shift = rm > 0 ? (c.cfg.beta - 1.0) * rm : -rm;
           mp = round_fmt(rm + std::min(shift, cap), n.accum);
@@ -308,8 +340,12 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       const double m_new = std::max(m, mp);
       const double alpha = m == kNegInf ? 0.0 : round_fmt(std::exp(c.rop(m - m_new, n.scores)), n.accum);
       double rowsum = 0;
+      int broken = 0;  // tie_break: tied scores seen so far in this tile
       for (int s = c0; s < c1; ++s) {
-        P[s - c0] = round_fmt(std::exp(c.rop(S[s] - m_new, n.scores)), n.probs);
+        double sv = S[s];
+        if (n.tie_break > 0 && ties > 1 && S[s] >= rm - c.cfg.tie_tol)
+          sv = round_fmt(S[s] - broken++ * n.tie_break, wide_of(n));
+        P[s - c0] = round_fmt(std::exp(c.rop(sv - m_new, n.scores)), n.probs);
         mac_sum(rowsum, P[s - c0], n.lsum_mac);
         if (want_stats) fw.stats.p_tilde_one += P[s - c0] == 1.0;
       }
@@ -317,7 +353,9 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       std::fill(pv.begin(), pv.end(), 0.0);
       for (int s = c0; s < c1; ++s) axpy(pv.data(), P[s - c0], v + s * d, d, n.mac);
       for (int j = 0; j < d; ++j)
-        acc[j] = c.r_ot((n.round_ops ? c.r_ot(alpha * acc[j]) : alpha * acc[j]) + c.r_ot(pv[j]));
+        acc[j] = c.r_ot((n.round_ops ? c.r_ot(alpha * acc[j], narrow) : alpha * acc[j]) +
+                            c.r_ot(pv[j], narrow),
+                        narrow);
       m = m_new;
     }
     for (int j = 0; j < d; ++j) {
@@ -333,6 +371,35 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
 }
 
 }  // namespace
+
+std::vector<uint8_t> o_tilde_matched_tiles(const std::vector<uint8_t>& tied,
+                                           const std::vector<float>& tile_max) {
+  ST_CHECK(tied.size() == tile_max.size(), "o_tilde_matched_tiles: ", tied.size(), " tie flags, ",
+           tile_max.size(), " maxima");
+  // splitmix64's finaliser of (tile index, the maximum's FP32 bits): a fixed function of the
+  // scores, so the choice is reproducible and the same in the lab and the fast path.
+  const auto hash = [&](size_t i) {
+    uint32_t bits;
+    std::memcpy(&bits, &tile_max[i], 4);
+    uint64_t z = (static_cast<uint64_t>(i) << 32 | bits) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  std::vector<std::pair<uint64_t, size_t>> untied;
+  size_t n_tied = 0;
+  for (size_t i = 0; i < tied.size(); ++i) {
+    if (tied[i])
+      ++n_tied;
+    else
+      untied.emplace_back(hash(i), i);
+  }
+  const size_t k = std::min(n_tied, untied.size());
+  std::partial_sort(untied.begin(), untied.begin() + k, untied.end());
+  std::vector<uint8_t> chosen(tied.size(), 0);
+  for (size_t j = 0; j < k; ++j) chosen[untied[j].second] = 1;
+  return chosen;
+}
 
 double stabilized_max_shift(const AttentionConfig& cfg, DType probs) {
   return cfg.max_shift > 0 ? cfg.max_shift : 0.5 * std::log(1.0 / min_normal(probs));

@@ -3,6 +3,7 @@
 // Values travel in FP64 and are rounded to their format at each rounding point, so the
 // same code runs every format (BF16, FP16, FP32, FP64) and every rule.
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "core/attention.h"
@@ -43,6 +44,32 @@ std::vector<double> head_deltas(const AttentionConfig& cfg, const AttnNumerics& 
 std::vector<double> head_deltas_dots(const AttentionConfig& cfg, const AttnNumerics& n, int T,
                                      int Tk, int d, const double* dots, const double* v,
                                      const HeadForward& fw, const double* dout);
+
+// Scores of a key tile (w of them) within tol of the tile's maximum rm: more than one means
+// the tile is tied (stabilized flash's test, and o_tilde_scope's).
+template <class F>
+int tile_ties(const F* S, int w, double rm, double tol) {
+  int ties = 0;
+  for (int i = 0; i < w; ++i) ties += S[i] >= rm - tol;
+  return ties;
+}
+
+// o_tilde_scope untied_matched: given, for each (row, key tile) of a head's forward call in
+// row order, whether the tile is tied and its maximum score, marks as many untied tiles as
+// there are tied ones (all untied ones if fewer): those with the smallest hash of (index,
+// the maximum's FP32 bits), a pseudo-random choice fixed by the scores.
+std::vector<uint8_t> o_tilde_matched_tiles(const std::vector<uint8_t>& tied,
+                                           const std::vector<float>& tile_max);
+
+// Whether o_tilde_bits narrows the O~ update of key tile `index` (row order) of a call.
+inline bool o_tilde_narrows(OTildeScope scope, bool tied, const std::vector<uint8_t>& matched,
+                            size_t index) {
+  switch (scope) {
+    case OTildeScope::Tied: return tied;
+    case OTildeScope::UntiedMatched: return matched[index] != 0;
+    default: return true;
+  }
+}
 
 // The shift cap used by stabilized flash for P~ in format f (see head_cpu.cpp).
 double stabilized_max_shift(const AttentionConfig& cfg, DType probs);

@@ -136,16 +136,40 @@ void baseline_forward(const Head& h, const float* q, const float* v, const HeadF
   }
 }
 
+// The lab's matched_tiles: the untied_matched scope's tiles of this call.
+std::vector<uint8_t> matched_tiles(const Head& h, const float* q) {
+  std::vector<uint8_t> tied;
+  std::vector<float> tile_max;
+  float* S = scratch(2, h.bc).data();
+  for (int t = 0; t < h.T; ++t) {
+    const int last = h.last_key(t);
+    for (int c0 = 0; c0 <= last; c0 += h.bc) {
+      const int c1 = std::min(c0 + h.bc, last + 1), w = c1 - c0;
+      h.score_row(q + static_cast<size_t>(t) * h.d, c0, c1, S);
+      double rm = kNegInf;
+      for (int i = 0; i < w; ++i) rm = std::max(rm, static_cast<double>(S[i]));
+      tied.push_back(tile_ties(S, w, rm, h.cfg.tie_tol) > 1);
+      tile_max.push_back(static_cast<float>(rm));
+    }
+  }
+  return o_tilde_matched_tiles(tied, tile_max);
+}
+
 void flash_forward(const Head& h, const float* q, const float* v, const HeadFastSaved& sv) {
   const AttnNumerics& n = h.n;
   const int T = h.T, d = h.d;
   const bool stab = h.cfg.kind == AttentionKind::StabilizedFlash;
   const double cap = stabilized_max_shift(h.cfg, n.probs);
-  // Rounding into O~'s format: accum, or o_tilde_bits fraction bits (the lab's r_ot).
-  const auto r_ot = [&n](double x) {
-    return n.o_tilde_bits ? static_cast<float>(round_fraction_bits(x, n.o_tilde_bits))
-                          : round_to_float(x, n.accum);
+  // Rounding into O~'s format: accum, or o_tilde_bits fraction bits where the tile is in
+  // o_tilde_scope (the lab's r_ot).
+  const auto r_ot = [&n](double x, bool narrow) {
+    return narrow && n.o_tilde_bits ? static_cast<float>(round_fraction_bits(x, n.o_tilde_bits))
+                                    : round_to_float(x, n.accum);
   };
+  const std::vector<uint8_t> matched = n.o_tilde_scope == OTildeScope::UntiedMatched
+                                           ? matched_tiles(h, q)
+                                           : std::vector<uint8_t>{};
+  size_t tile_index = 0;
   float* S = scratch(2, h.bc).data();
   float* P = scratch(3, h.bc).data();
   float* acc = scratch(4, d).data();
@@ -159,10 +183,10 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
       h.score_row(q + static_cast<size_t>(t) * d, c0, c1, S);
       double rm = kNegInf;
       for (int i = 0; i < w; ++i) rm = std::max(rm, static_cast<double>(S[i]));
+      const int ties = tile_ties(S, w, rm, h.cfg.tie_tol);
+      const bool narrow = o_tilde_narrows(n.o_tilde_scope, ties > 1, matched, tile_index++);
       double mp = rm;
       if (stab) {
-        int ties = 0;
-        for (int i = 0; i < w; ++i) ties += S[i] >= rm - h.cfg.tie_tol;
         if (ties > 1 && rm != 0.0) {
           const double shift = rm > 0 ? (h.cfg.beta - 1.0) * rm : -rm;
           mp = round_to_float(rm + std::min(shift, cap), n.accum);
@@ -171,8 +195,12 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
       const double m_new = std::max(m, mp);
       const double alpha = m == kNegInf ? 0.0 : round_to_float(std::exp(m - m_new), n.accum);
       double rowsum = 0;
+      int broken = 0;  // tie_break: tied scores seen so far in this tile (the lab's)
       for (int i = 0; i < w; ++i) {
-        P[i] = round_to_float(std::exp(static_cast<double>(S[i]) - m_new), n.probs);
+        double si = S[i];
+        if (n.tie_break > 0 && ties > 1 && si >= rm - h.cfg.tie_tol)
+          si = static_cast<float>(si - broken++ * n.tie_break);
+        P[i] = round_to_float(std::exp(si - m_new), n.probs);
         rowsum = round_to_float(rowsum + P[i], n.lsum_mac);
       }
       l = round_to_float(alpha * l + rowsum, n.lsum);
@@ -180,7 +208,7 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
       for (int i = 0; i < w; ++i) axpy(pv, P[i], v + static_cast<size_t>(c0 + i) * d, d);
       for (int j = 0; j < d; ++j) {
         const double scaled = alpha * acc[j];
-        acc[j] = r_ot(scaled + r_ot(pv[j]));
+        acc[j] = r_ot(scaled + r_ot(pv[j], narrow), narrow);
       }
       m = m_new;
     }

@@ -1,5 +1,7 @@
 #include "core/attention.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace st {
@@ -61,6 +63,22 @@ AttnNumerics AttentionConfig::numerics(DType compute, int head) const {
            dtype_name(n.accum), " keeps ", n.accum == DType::BF16 ? 7 : 23,
            " fraction bits); 0 keeps O~ in attention.accum");
     n.o_tilde_bits = o_tilde_bits;
+  }
+  if (o_tilde_scope != OTildeScope::All) {
+    if (!o_tilde_bits)
+      fail("attention.o_tilde_scope = ", o_tilde_scope_name(o_tilde_scope),
+           " says where O~ is narrowed, but attention.o_tilde_bits is 0 (set o_tilde_bits, "
+           "e.g. 2, or leave o_tilde_scope at all)");
+    n.o_tilde_scope = o_tilde_scope;
+  }
+  if (tie_break != 0) {
+    if (kind != AttentionKind::Flash)
+      fail("attention.tie_break = ", tie_break, " is set, but the backend is ",
+           attention_kind_name(kind), ": breaking ties is flash's counterfactual (stabilized "
+           "flash shifts tied maxima its own way; baseline has no tiles); set it on flash only");
+    if (!(tie_break > 0) || !std::isfinite(tie_break))
+      fail("attention.tie_break = ", tie_break, " must be a finite value > 0 (0: off)");
+    n.tie_break = tie_break;
   }
   return n;
 }

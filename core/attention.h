@@ -48,6 +48,10 @@ struct AttentionConfig {
   DeltaMode delta = DeltaMode::O;
   // Flash: fraction bits of O~ (AttnNumerics::o_tilde_bits); 0: O~ in accum's format.
   int o_tilde_bits = 0;
+  // Flash: which O~ updates o_tilde_bits narrows, and the tie-breaking counterfactual
+  // (AttnNumerics::o_tilde_scope and tie_break).
+  OTildeScope o_tilde_scope = OTildeScope::All;
+  double tie_break = 0;
   // Flash tiles: Br query rows, Bc key columns; 0 means one tile spanning the sequence.
   int block_q = 64, block_k = 64;
   // Stabilized flash (Qiu & Yao): shift factor beta and tie tolerance. max_shift caps the

@@ -44,6 +44,22 @@ const char* delta_mode_name(DeltaMode d) {
   return "?";
 }
 
+OTildeScope parse_o_tilde_scope(const std::string& s) {
+  if (s == "all") return OTildeScope::All;
+  if (s == "tied") return OTildeScope::Tied;
+  if (s == "untied_matched") return OTildeScope::UntiedMatched;
+  fail("unknown O~ scope '", s, "' (expected all, tied or untied_matched)");
+}
+
+const char* o_tilde_scope_name(OTildeScope s) {
+  switch (s) {
+    case OTildeScope::All: return "all";
+    case OTildeScope::Tied: return "tied";
+    case OTildeScope::UntiedMatched: return "untied_matched";
+  }
+  return "?";
+}
+
 std::optional<DType> parse_point_format(const std::string& s) {
   if (s == "auto") return std::nullopt;
   return parse_dtype(s);
@@ -62,6 +78,8 @@ std::string AttnNumerics::describe() const {
      << " grads=" << dtype_name(grads) << (round_ops ? " round_ops" : "")
      << " delta=" << delta_mode_name(delta);
   if (o_tilde_bits) os << " o_tilde_bits=" << o_tilde_bits;
+  if (o_tilde_scope != OTildeScope::All) os << " o_tilde_scope=" << o_tilde_scope_name(o_tilde_scope);
+  if (tie_break > 0) os << " tie_break=" << tie_break;
   return os.str();
 }
 

@@ -37,6 +37,19 @@ enum class DeltaMode {
 DeltaMode parse_delta_mode(const std::string& s);  // o | o_split | o_fp32 | dp_p | fp32_recompute
 const char* delta_mode_name(DeltaMode d);
 
+// Where flash's o_tilde_bits rounding acts (issue 42: a tie-confined amplifier and its
+// control). A key tile is tied when more than one of its scores lies within tie_tol of the
+// tile's maximum: the test stabilized flash uses before shifting, evaluated on the same
+// scores for flash and stabilized flash alike.
+enum class OTildeScope {
+  All,            // every key tile's O~ update
+  Tied,           // only the O~ updates of tied tiles (where Qiu & Yao's bias arises)
+  UntiedMatched,  // per head and forward call, as many untied tiles as there are tied ones,
+                  // chosen by a hash of (tile, its maximum): the control for Tied
+};
+OTildeScope parse_o_tilde_scope(const std::string& s);  // all | tied | untied_matched
+const char* o_tilde_scope_name(OTildeScope s);
+
 // A rounding point's override: "auto" (nullopt: the rule's format) or a format parse_dtype
 // reads (bf16, fp16, fp32, fp64).
 std::optional<DType> parse_point_format(const std::string& s);
@@ -60,6 +73,12 @@ struct AttnNumerics {
   // mechanism (docs/numerics.md). Every rounding into O~ uses it: r(alpha * O~), r(P~ V)
   // and their sum; alpha itself stays in `accum`.
   int o_tilde_bits = 0;
+  OTildeScope o_tilde_scope = OTildeScope::All;  // which O~ updates o_tilde_bits narrows
+  // Flash only, the counterfactual "ties broken": in a tied key tile, the j-th score within
+  // tie_tol of the maximum (j = 0, 1, ... in key order) enters exp(S - m) lowered by
+  // j * tie_break (in the wide format; S itself, the tie test and the statistics keep the
+  // unperturbed scores). 0: off.
+  double tie_break = 0;
   DeltaMode delta = DeltaMode::O;
   std::string describe() const;  // "qkv=bf16 scores=fp32 ... delta=o"
 };

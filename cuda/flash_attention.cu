@@ -69,6 +69,12 @@ class FlashAttentionCuda : public Attention {
     if (cfg.o_tilde_bits)
       fail("attention.o_tilde_bits = ", cfg.o_tilde_bits,
            " is CPU only; the CUDA flash kernels keep O~ in attention.accum's format");
+    if (cfg.o_tilde_scope != OTildeScope::All)
+      fail("attention.o_tilde_scope = ", o_tilde_scope_name(cfg.o_tilde_scope),
+           " is CPU only (the CUDA flash kernels have no narrowed O~); run it with device: cpu");
+    if (cfg.tie_break != 0)
+      fail("attention.tie_break = ", cfg.tie_break,
+           " is CPU only (the CUDA flash kernels do not break ties); run it with device: cpu");
     if (cfg.delta == DeltaMode::Fp32Recompute)
       fail("attention.delta = fp32_recompute is CPU only; the CUDA flash kernels support o, "
            "o_split, o_fp32 and dp_p");

@@ -776,6 +776,140 @@ TEST(AttentionSpec, NarrowOTildeHandWorked) {
   EXPECT_EQ(cfg.numerics(DType::BF16, 0).o_tilde_bits, 6);
 }
 
+TEST(AttentionSpec, OTildeScopeHandWorked) {
+  // attention.o_tilde_scope on the paper's example: flash, accum bf16, one key tile per row,
+  // O~ with 2 fraction bits where narrowed. Row 2's maxima tie (keys 0 and 2, both scores 0);
+  // rows 0 and 1 are untied (one key; scores 0 and R(1.375 * -5.125) = -7.0625).
+  //   row 0: P~V = v0 = -2.40625: in BF16 -2.40625; 2 bits (quantum 0.5 in [2, 4)): -2.5; l = 1
+  //   row 1: P~V = -2.40625 + R(e^-7.0625) * -1 = -2.40711: BF16 -2.40625, 2 bits -2.5;
+  //          l = R(1.00086) = 1
+  //   row 2: BF16 O~ -4.71875, O = -2.359375; 2 bits O~ -5, O = -2.5 (NarrowOTildeHandWorked)
+  const Vec q = {1.375, 1.375, 1.375}, k = {0.0, -5.125, 0.0};
+  const Vec v = {-2.40625, -1.0, -2.296875};
+  AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
+  cfg.accum = DType::BF16;
+  cfg.o_tilde_bits = 2;
+  const auto o = [&](OTildeScope scope) {
+    cfg.o_tilde_scope = scope;
+    return forward_head(cfg, DType::BF16, 3, 1, q, k, v).o;
+  };
+  EXPECT_EQ(o(OTildeScope::All), (Vec{-2.5, -2.5, -2.5}));
+  EXPECT_EQ(o(OTildeScope::Tied), (Vec{-2.40625, -2.40625, -2.5}));
+  // One tied tile, so one of the two untied ones is narrowed; the tied one is not.
+  const Vec m = o(OTildeScope::UntiedMatched);
+  EXPECT_EQ(m[2], -2.359375);
+  EXPECT_TRUE((m[0] == -2.5 && m[1] == -2.40625) || (m[0] == -2.40625 && m[1] == -2.5))
+      << m[0] << " " << m[1];
+  // Stabilized flash narrows the same tile (its tie test): row 2's maximum is 0, which the
+  // shift leaves alone, so its output is flash's.
+  cfg.kind = AttentionKind::StabilizedFlash;
+  EXPECT_EQ(o(OTildeScope::Tied), (Vec{-2.40625, -2.40625, -2.5}));
+  // Refused: a scope without o_tilde_bits.
+  cfg.kind = AttentionKind::Flash;
+  cfg.o_tilde_bits = 0;
+  cfg.o_tilde_scope = OTildeScope::Tied;
+  EXPECT_THROW(cfg.numerics(DType::BF16, 0), Error);
+}
+
+TEST(AttentionSpec, TieBreakHandWorked) {
+  // attention.tie_break on the same example (flash, accum bf16, O~ in BF16): row 2's second
+  // tied score (key 2) enters exp lowered by eps.
+  //   eps = 1e-6: P~ = R(e^-1e-6) = 1, nothing changes: O = -2.359375
+  //   eps = 2^-8: P~ = R(0.9961014) = 0.99609375; P~V = -2.40625 - 0.00085831 - 2.28790283
+  //   = -4.69501114, O~ = R(.) = -4.6875; l = R(1.99695) = 2; O = -2.34375 (the FP64 softmax
+  //   rounded once: breaking the tie removes this row's bias)
+  //   eps = 2^-8 with O~ narrowed to 2 bits on tied tiles: O~ = -5, O = -2.5 (the tie test
+  //   reads the unperturbed scores)
+  const Vec q = {1.375, 1.375, 1.375}, k = {0.0, -5.125, 0.0};
+  const Vec v = {-2.40625, -1.0, -2.296875};
+  AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
+  cfg.accum = DType::BF16;
+  cfg.tie_break = 1e-6;
+  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.359375}));
+  cfg.tie_break = 0.00390625;
+  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.34375}));
+  cfg.o_tilde_bits = 2;
+  cfg.o_tilde_scope = OTildeScope::Tied;
+  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.5}));
+  // Refused: stabilized flash and baseline (flash's counterfactual only), negative values.
+  for (AttentionKind kind : {AttentionKind::StabilizedFlash, AttentionKind::Baseline}) {
+    AttentionConfig b = make_cfg(kind, RoundingRule::Gpu, 0, 0);
+    b.tie_break = 0.00390625;
+    EXPECT_THROW(b.numerics(DType::BF16, 0), Error) << attention_kind_name(kind);
+  }
+  cfg.tie_break = -1;
+  EXPECT_THROW(cfg.numerics(DType::BF16, 0), Error);
+}
+
+TEST(AttentionSpec, OTildeScopeTieTestIsTheSameForFlashAndStabilizedFlash) {
+  // Random heads with positive scores (q, k >= 0) and tied keys (k repeated in threes), one
+  // key tile per row and 5-wide tiles, O~ with 2 bits on tied tiles. Stabilized flash with
+  // beta = 1 shifts nothing where the maximum is positive, so its arithmetic is flash's: the
+  // outputs are bit-equal only if both narrow the same tiles. Narrowing on tied tiles must
+  // also differ from narrowing everywhere and from not narrowing (the scope acts).
+  const int T = 24, d = 8;
+  int heads = 0, differ_all = 0, differ_none = 0;
+  for (int bc : {0, 5})
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      Rng rng(900 + seed);
+      Vec q(T * d), k(T * d), v(T * d);
+      for (double& e : q) e = round_fmt(std::fabs(rng.normal()), DType::BF16);
+      for (double& e : k) e = round_fmt(std::fabs(rng.normal()), DType::BF16);
+      for (double& e : v) e = round_fmt(rng.normal(), DType::BF16);
+      for (int s = 0; s < T; ++s)
+        for (int j = 0; j < d; ++j) k[s * d + j] = k[(s - s % 3) * d + j];
+      AttentionConfig f = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, bc);
+      f.accum = DType::BF16;
+      f.scores = DType::BF16;
+      f.o_tilde_bits = 2;
+      f.o_tilde_scope = OTildeScope::Tied;
+      AttentionConfig sf = f;
+      sf.kind = AttentionKind::StabilizedFlash;
+      sf.beta = 1.0;
+      const Vec of = forward_head(f, DType::BF16, T, d, q, k, v).o;
+      EXPECT_EQ(of, forward_head(sf, DType::BF16, T, d, q, k, v).o) << "seed " << seed;
+      AttentionConfig all = f, none = f;
+      all.o_tilde_scope = OTildeScope::All;
+      none.o_tilde_bits = 0;
+      none.o_tilde_scope = OTildeScope::All;
+      differ_all += of != forward_head(all, DType::BF16, T, d, q, k, v).o;
+      differ_none += of != forward_head(none, DType::BF16, T, d, q, k, v).o;
+      ++heads;
+    }
+  EXPECT_EQ(differ_all, heads);
+  EXPECT_EQ(differ_none, heads);
+}
+
+TEST(AttentionSpec, OTildeMatchedTilesCountAndChoice) {
+  // As many untied tiles as tied ones (all untied ones when fewer), never a tied one; the
+  // choice is a fixed function of the maxima, and moves when they move.
+  Rng rng(77);
+  std::vector<uint8_t> tied(400);
+  std::vector<float> mx(400);
+  for (size_t i = 0; i < tied.size(); ++i) {
+    tied[i] = rng.uniform() < 0.1;
+    mx[i] = static_cast<float>(rng.normal());
+  }
+  const auto count = [](const std::vector<uint8_t>& x) {
+    return std::count(x.begin(), x.end(), uint8_t{1});
+  };
+  const std::vector<uint8_t> a = o_tilde_matched_tiles(tied, mx);
+  EXPECT_EQ(count(a), count(tied));
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_FALSE(a[i] && tied[i]) << i;
+  EXPECT_EQ(a, o_tilde_matched_tiles(tied, mx));
+  std::vector<float> mx2 = mx;
+  for (float& x : mx2) x += 0.5f;
+  const std::vector<uint8_t> b = o_tilde_matched_tiles(tied, mx2);
+  EXPECT_EQ(count(b), count(tied));
+  EXPECT_NE(a, b);
+  // The chosen tiles spread over the call (not the first untied ones): some in each half.
+  EXPECT_GT(count(std::vector<uint8_t>(a.begin(), a.begin() + 200)), 0);
+  EXPECT_GT(count(std::vector<uint8_t>(a.begin() + 200, a.end())), 0);
+  std::vector<uint8_t> most(10, 1);
+  most[3] = 0;
+  EXPECT_EQ(count(o_tilde_matched_tiles(most, std::vector<float>(10, 1.0f))), 1);
+}
+
 TEST(AttentionSpec, NarrowOTildeAmplifiesTheOutputError) {
   // Random heads (T 64, d 32, BF16 inputs, flash, accum bf16, one key tile per row): the
   // error of O against the FP64 reference grows as O~ loses fraction bits. Each bit halves

@@ -225,6 +225,40 @@ TEST(AttentionFast, NarrowOTildeBitEqualToTheLab) {
   EXPECT_EQ(cases, 2 * 3 * (3 + 4) * 3 * 2);
 }
 
+TEST(AttentionFast, OTildeScopeAndTieBreakBitEqualToTheLab) {
+  // attention.o_tilde_scope (tied, untied_matched) and attention.tie_break: flash and
+  // stabilized flash (tie_break: flash only), O~ in BF16 with 2 bits where narrowed, tiles one
+  // per row, ragged and the default, tied keys, causal and not.
+  int cases = 0;
+  for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::StabilizedFlash})
+    for (DType f : kFormats)
+      for (OTildeScope scope : {OTildeScope::All, OTildeScope::Tied, OTildeScope::UntiedMatched})
+        for (double brk : {0.0, 0.00390625})
+          for (const Tiles& tl : {Tiles{0, 0}, Tiles{5, 7}, Tiles{64, 64}})
+            for (bool causal : {true, false}) {
+              if (brk > 0 && kind != AttentionKind::Flash) continue;
+              AttentionConfig cfg;
+              cfg.kind = kind;
+              cfg.causal = causal;
+              cfg.block_q = tl.br;
+              cfg.block_k = tl.bc;
+              cfg.accum = DType::BF16;
+              cfg.o_tilde_bits = 2;
+              cfg.o_tilde_scope = scope;
+              cfg.tie_break = brk;
+              const AttnNumerics n = cfg.numerics(f, 0);
+              ASSERT_TRUE(head_fast_eligible(cfg, n)) << n.describe();
+              const Inputs in = make_inputs(37, 16, n, 2.0, true, 7000 + cases);
+              std::string first;
+              EXPECT_EQ(compare_head(cfg, n, 37, 16, in, first), 0)
+                  << attention_kind_name(kind) << " " << dtype_name(f) << " " << n.describe()
+                  << " tiles " << tl.br << "x" << tl.bc << ": " << first;
+              ++cases;
+            }
+  std::printf("O~ scope and tie break: %d heads bit-equal\n", cases);
+  EXPECT_EQ(cases, 3 * 3 * 6 * (2 + 1));
+}
+
 TEST(AttentionFast, RefusesWhatItDoesNotReproduce) {
   AttentionConfig cfg;
   cfg.kind = AttentionKind::Flash;

@@ -332,6 +332,24 @@ TEST(Config, CrossFieldChecks) {
   EXPECT_EQ(parse_config("precision: {compute: bf16}\n"
                          "attention: {backend: flash, accum: bf16, o_tilde_bits: 3}\n", kFile)
                 .attention.o_tilde_bits, 3);
+  // attention.o_tilde_scope needs o_tilde_bits; attention.tie_break is flash's alone.
+  EXPECT_HAS(parse_error("attention: {backend: flash, o_tilde_scope: tied}\n"),
+             "attention.o_tilde_scope = tied says where O~ is narrowed, but attention.o_tilde_bits is 0");
+  EXPECT_HAS(parse_error("attention: {backend: flash, o_tilde_bits: 2, o_tilde_scope: ties}\n"),
+             "attention.o_tilde_scope");
+  EXPECT_HAS(parse_error("attention: {backend: stabilized_flash, tie_break: 0.004}\n"),
+             "attention.tie_break = 0.004 is set, but the backend is stabilized_flash");
+  EXPECT_HAS(parse_error("attention: {tie_break: 0.004}\n"),
+             "layer 0: attention.tie_break = 0.004 is set, but the backend is baseline");
+  EXPECT_HAS(parse_error("attention: {backend: flash, tie_break: -1}\n"), "attention.tie_break");
+  {
+    const Config sc = parse_config("precision: {compute: bf16}\n"
+                                   "attention: {backend: flash, accum: bf16, o_tilde_bits: 1, "
+                                   "o_tilde_scope: untied_matched, tie_break: 0.00390625}\n", kFile);
+    const AttnNumerics n = attention_configs(sc)[0].numerics(DType::BF16, 0);
+    EXPECT_EQ(n.o_tilde_scope, OTildeScope::UntiedMatched);
+    EXPECT_EQ(n.tie_break, 0.00390625);
+  }
   Config c;
   c.source = "built_in_code";
   c.model.n_head = 5;

@@ -147,6 +147,13 @@ const Key kSchema[] = {
     {ST_KEY(attention, o_tilde_bits), closed(0, 21),
      "flash: fraction bits of O~ (FP32 exponent range; bf16 has 7) to amplify Qiu & Yao's "
      "cause; 0: O~ in accum's format (CPU only)"},
+    {ST_KEY(attention, o_tilde_scope), any(),
+     "which O~ updates o_tilde_bits narrows: every key tile, tiles whose maximum is tied "
+     "(within tie_tol), or as many untied tiles as tied ones (the control; CPU only)",
+     "all|tied|untied_matched"},
+    {ST_KEY(attention, tie_break), at_least(0),
+     "flash: in a tied key tile the j-th tied score enters exp lowered by j*tie_break (the "
+     "ties-broken counterfactual); 0: off (CPU only)"},
     {ST_KEY(attention, block_q), closed(0, 65536), "flash query tile Br; 0: one tile"},
     {ST_KEY(attention, block_k), closed(0, 65536), "flash key tile Bc; 0: one tile per row"},
     {ST_KEY(attention, beta), closed(1, 64), "stabilized flash: shift factor beta"},
