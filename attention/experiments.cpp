@@ -153,6 +153,10 @@ AttentionConfig backend_config(const BiasConfig& bc, const Backend& b, BiasAccum
   c.block_k = bc.block_k;
   c.beta = b.beta;
   c.tie_shift = bc.tie_shift;
+  if (b.kind != AttentionKind::Baseline) {
+    c.o_tilde_bits = bc.o_tilde_bits;
+    c.o_tilde_scope = bc.o_tilde_scope;
+  }
   if (accum == BiasAccum::Bf16) c.accum = bc.compute;
   c.scores = bc.scores;
   c.probs = bc.probs;

@@ -99,6 +99,11 @@ struct BiasConfig {
   std::optional<DType> scores, probs, lsum, lsum_mac, out;
   std::vector<double> betas{2.0, 7.0};  // stabilized flash, one backend per beta
   TieShift tie_shift = TieShift::Beta;  // stabilized flash's shifted maximum (core/attention.h)
+  // Flash and stabilized flash: O~ narrowed to this many fraction bits (0: in accum) on the
+  // tiles of o_tilde_scope (core/attention_numerics.h). A call's rows are all of one kind,
+  // so untied_matched narrows nothing here: every call is all tied or all untied.
+  int o_tilde_bits = 0;
+  OTildeScope o_tilde_scope = OTildeScope::All;
   std::vector<BiasRows> kinds{BiasRows::TiedTile, BiasRows::TiedAny, BiasRows::Single,
                               BiasRows::Diffuse};
   std::vector<BiasAccum> accums{BiasAccum::Bf16, BiasAccum::Fp32};

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -341,6 +342,51 @@ TEST(AttnDeviationTool, BadInputIsOneLineNamingTheSetting) {
   const std::string text2 = slurp(out);
   EXPECT_NE(text2.find("backend cudnn runs only on a GPU"), std::string::npos) << text2;
   EXPECT_EQ(lines(text2), 1) << text2;
+}
+
+TEST(AttnDeviationTool, BiasTakesTheOTildeAmplifierAndItsScope) {
+  // attn_deviation bias with O~ narrowed to 2 bits on tied tiles (one tile per row): tied
+  // rows' error grows (mean |err| 30x BF16's here), single rows are bit-for-bit untouched.
+  const std::string dir = ::testing::TempDir();
+  const auto run = [&](const std::string& flags, const std::string& name) {
+    const std::string csv = dir + name + ".csv";
+    const std::string cmd = std::string(ST_ATTN_DEVIATION_BIN) +
+                            " bias --rows 256 --keys 64 --block-k 64 --kinds tied_tile,single"
+                            " --accums bf16_accum --no-deltas --no-baseline --betas 2 --seed 3 " +
+                            flags + " --csv " + csv + " > " + csv + ".out 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(csv + ".out");
+    std::map<std::string, std::vector<std::string>> rows;  // kind,backend,quantity -> fields
+    std::istringstream in(slurp(csv));
+    std::string line;
+    while (std::getline(in, line)) {
+      std::vector<std::string> f;
+      std::istringstream ls(line);
+      for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
+      if (f.size() > 11) rows[f[0] + "," + f[2] + "," + f[3]] = f;
+    }
+    return rows;
+  };
+  auto plain = run("", "bias_plain");
+  auto amp = run("--o-tilde-bits 2 --o-tilde-scope tied", "bias_tied2");
+  for (const char* b : {"flash", "stabilized_b2"}) {
+    const std::string single = std::string("single,") + b + ",o", tied = std::string("tied_tile,") + b + ",o";
+    ASSERT_EQ(plain.count(single) + amp.count(single) + plain.count(tied) + amp.count(tied), 4u) << b;
+    EXPECT_EQ(plain[single][8], amp[single][8]) << b;    // mean
+    EXPECT_EQ(plain[single][11], amp[single][11]) << b;  // mean |err|
+    EXPECT_GT(std::stod(amp[tied][11]), 10 * std::stod(plain[tied][11])) << b;
+  }
+  // A scope without the bits is a one-line error naming the flag.
+  const std::string out = dir + "bias_bad.out";
+  const std::string bad = std::string(ST_ATTN_DEVIATION_BIN) + " bias --o-tilde-scope tied > " + out + " 2>&1";
+  EXPECT_NE(std::system(bad.c_str()), 0);
+  EXPECT_NE(slurp(out).find("--o-tilde-scope tied needs --o-tilde-bits"), std::string::npos) << slurp(out);
+  EXPECT_EQ(lines(slurp(out)), 1) << slurp(out);
+  // attn_deviation run takes the same settings.
+  const std::string cmd = std::string(ST_ATTN_DEVIATION_BIN) +
+                          " run --backend flash --accum bf16 --o-tilde-bits 2 --o-tilde-scope "
+                          "untied_matched --tie-break 0.004 --T 32 --d 8 --ties 2 --heads 2 > " +
+                          out + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(out);
 }
 
 TEST(AttnDeviationTool, SweepPlanGivesPairedRatios) {

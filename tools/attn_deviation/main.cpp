@@ -107,6 +107,13 @@ int main(int argc, char** argv) {
   std::string tie_shift = "beta";
   bias->add_option("--tie-shift,--tie_shift", tie_shift,
                    "stabilized flash's shifted maximum: beta | exact_sum (the remedy for 3+ ties)");
+  std::string o_tilde_scope = "all";
+  bias->add_option("--o-tilde-bits,--o_tilde_bits", bc.o_tilde_bits,
+                   "flash and stabilized flash: O~ with this many fraction bits (0: in the "
+                   "accumulator; 1..6 with bf16_accum)");
+  bias->add_option("--o-tilde-scope,--o_tilde_scope", o_tilde_scope,
+                   "where --o-tilde-bits acts: all | tied | untied_matched (a call's rows are "
+                   "one kind, so untied_matched narrows nothing here)");
   bias->add_option("--kinds", kinds, "row kinds: tied_tile,tied_any,single,diffuse")->delimiter(',');
   bias->add_option("--accums", accums, "accumulators: bf16_accum,fp32_accum")->delimiter(',');
   bias->add_option("--douts", douts, "dO kinds: ones,normal")->delimiter(',');
@@ -157,6 +164,13 @@ int main(int argc, char** argv) {
       }
     }
     bc.tie_shift = parse_tie_shift(tie_shift);
+    try {
+      bc.o_tilde_scope = parse_o_tilde_scope(o_tilde_scope);
+    } catch (const Error& e) {
+      fail("attn_deviation bias --o-tilde-scope: ", e.what());
+    }
+    if (bc.o_tilde_scope != OTildeScope::All && !bc.o_tilde_bits)
+      fail("attn_deviation bias --o-tilde-scope ", o_tilde_scope, " needs --o-tilde-bits (e.g. 2)");
     bc.deltas = !no_deltas;
     bc.baseline = !no_baseline;
     std::fprintf(stderr, "attn_deviation bias: estimated %s of CPU time\n",
