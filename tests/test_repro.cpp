@@ -57,9 +57,14 @@ void write(const fs::path& p, const std::string& text) {
 // W_Q of L0H0 grows from 0.5 to 1.5 (x3), every other slice stays at 1; head 0's delta
 // drift is positive on all 5 hook steps, head 1's alternates, every delta_abs_err 2e-6;
 // tied_row_frac 0.1 and 0.3.
-fs::path known_run(const std::string& name, int steps, int jump, const std::string& log_line) {
-  const fs::path d = tmp_root() / "known" / name;
-  write(d / "config.yaml", "run:\n  name: " + name + "\n  seed: 5   # seed\ntrain:\n  max_steps: 300\n");
+// folder, seed and backend place it in a study of several configurations.
+fs::path known_run(const std::string& name, int steps, int jump, const std::string& log_line,
+                   const std::string& folder = "known", int seed = 5,
+                   const std::string& backend = "flash") {
+  const fs::path d = tmp_root() / folder / name;
+  write(d / "config.yaml", "run:\n  name: " + name + "\n  seed: " + std::to_string(seed) +
+                               "   # seed\ntrain:\n  max_steps: 300\nattention:\n  backend: " +
+                               backend + "\n");
   std::ostringstream m;
   for (int s = 1; s <= steps; ++s)
     m << json{{"kind", "train"}, {"step", s}, {"loss", jump && s >= jump ? 4.5 : 3.0 - 0.001 * s},
@@ -145,6 +150,38 @@ TEST(ReproSummary, FiguresOfRunsWithKnownAnswers) {
   EXPECT_NE(table.find("| nan | 5 | 120 of 300 | 121 |"), std::string::npos) << table;
   EXPECT_NE(table.find("| calm | 5 | 300 | none | 2 | 2.724 | 2.250 | 3.25 | 3.00 (wq L0H0) |"),
             std::string::npos) << table;
+}
+
+TEST(ReproSummary, ExplosionTableAndTimelineWithKnownAnswers) {
+  // Two configurations of three seeds: flash explodes in seeds 1 and 2, stabilized_flash in
+  // none. Seed 1 jumps to 4.5 at step 137: the lowest 20-step mean before is 2.8735 (steps
+  // 117-136); the window ending at 142 (six steps at 4.5) averages 3.3594, the one ending at
+  // 143 (seven) 3.4405 >= 2.8735 + 0.5: step 143. Seed 2's loss is non-finite after step 120.
+  known_run("f1", 300, 137, "[t] done", "known2", 1, "flash");
+  known_run("f2", 120, 0, "[t] train: error: step 121: the training loss is nan; stopping", "known2", 2, "flash");
+  known_run("f3", 300, 0, "[t] done", "known2", 3, "flash");
+  for (int seed = 1; seed <= 3; ++seed)
+    known_run("s" + std::to_string(seed), 300, 0, "[t] done", "known2", seed, "stabilized_flash");
+  const std::string dir = (tmp_root() / "known2").string();
+  const Cmd c = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
+                        " --explosions --reference stabilized --timeline 1");
+  ASSERT_EQ(c.code, 0) << c.err;
+  // 2 of 3: the exact 95% interval is [0.0943, 0.9916] (beta quantiles); 0 of 3: [0, 0.7076].
+  // Fisher, margins 3/3 and 2 exploded: P(2) = P(0) = 3/15, P(1) = 9/15; two-sided p = 0.4.
+  EXPECT_NE(c.out.find("| flash | 1: 143, 2: 121, 3: none | 2 of 3 | 0.09-0.99 | 0.4 |"),
+            std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("| stabilized_flash | 1: none, 2: none, 3: none | 0 of 3 | 0.00-0.71 | - |"),
+            std::string::npos) << c.out;
+  // The timeline of f3 at hook step 40: gradient norms 0.5 + 0.01 s over steps 21..40 average
+  // 0.805; ties at 40: head 0's 0.1 (the only head logged there); sigma of W_Q L0H0 is logged at
+  // steps 0, 50, 100 only ("-"); head 0's delta drift 1e-6 + 2e-6 summed by step 40.
+  EXPECT_NE(c.out.find("**f3** (seed 3; explosion: none; top head W_Q L0H0)"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find(" | 0.805 | 0.1000 | - | 3.00e-06 |"), std::string::npos) << c.out;
+  // A reference that matches no configuration, or two, is a one-line error.
+  const Cmd bad = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
+                          " --explosions --reference flash");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--reference 'flash' matches 2 configurations"), std::string::npos) << bad.err;
 }
 
 TEST(ReproSummary, NoRunsIsAOneLineError) {

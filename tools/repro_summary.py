@@ -30,6 +30,16 @@ that differ only in run.seed), with these columns (definitions in docs/reproduct
   ties       tied_row_frac (rows whose maximum is tied within attention.tie_tol), mean over
              heads and hook steps, and the largest head mean
 
+With --explosions, a third table: per configuration, the explosion step of every seed
+("none": survived to its last step), the share that exploded with its exact (Clopper-Pearson)
+95% interval, and Fisher's exact test (two-sided) of that share against the configuration
+named by --reference (a substring of its label; default: the first configuration).
+
+With --timeline EVERY, per run, the order of events at every EVERY-th hook step: the 20-step
+mean training loss and gradient norm ending at that step, the tie rate (tied_row_frac, mean
+over heads), sigma_max of the W_Q slice of the top head (the head whose W_Q grew most by the
+end) and the running sum of that head's delta drift.
+
 Standard library only (no pandas). Every number is computed from the run files.
 """
 import argparse
@@ -110,6 +120,46 @@ def sign_test(k, n):
     return min(1.0, 2 * tail)
 
 
+def clopper_pearson(k, n, level=0.95):
+    """Exact binomial interval for k successes in n trials (bisection on the beta tails)."""
+    if n == 0:
+        return (math.nan, math.nan)
+    a = (1 - level) / 2
+
+    def tail_ge(p):  # P(X >= k | p)
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+    def tail_le(p):  # P(X <= k | p)
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(0, k + 1))
+
+    def solve(f, target, increasing):
+        lo, hi = 0.0, 1.0
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            if (f(mid) < target) == increasing:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    lower = 0.0 if k == 0 else solve(tail_ge, a, True)
+    upper = 1.0 if k == n else solve(tail_le, a, False)
+    return (lower, upper)
+
+
+def fisher_exact(a, b, c, d):
+    """Two-sided Fisher exact test of the 2x2 table [[a, b], [c, d]]: the summed probability
+    of every table with the same margins no more likely than the observed one."""
+    r1, c1, n = a + b, a + c, a + b + c + d
+
+    def prob(x):
+        return math.comb(r1, x) * math.comb(n - r1, c1 - x) / math.comb(n, c1)
+
+    p_obs = prob(a)
+    lo, hi = max(0, c1 - (n - r1)), min(r1, c1)
+    return min(1.0, sum(prob(x) for x in range(lo, hi + 1) if prob(x) <= p_obs * (1 + 1e-9)))
+
+
 def summarise_run(run_dir):
     cfg = read_config(os.path.join(run_dir, "config.yaml"))
     metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
@@ -127,6 +177,8 @@ def summarise_run(run_dir):
             for line in f:
                 if "training loss is" in line or "non-finite gradients" in line:
                     r["stopped"] = line.strip().split("] ", 1)[-1][:200]
+    r["train"] = train
+    r["grads"] = [(m["step"], m.get("grad_norm")) for m in metrics if m.get("kind") == "train"]
     r["explosion"] = explosion_step(train)
     if r["explosion"] is None and r["stopped"]:
         r["explosion"] = r["steps"] + 1
@@ -150,7 +202,10 @@ def summarise_run(run_dir):
             first[key] = sigma
         if key not in last or step >= last[key][0]:
             last[key] = (step, sigma)
+        r.setdefault("sigma_series", {}).setdefault(key, []).append((step, sigma))
     growth = {k: last[k][1] / first[k] for k in first if k in last and first[k] > 0}
+    wq = {k: g for k, g in growth.items() if k[0] == "wq"}
+    r["top_wq"] = max(wq, key=wq.get) if wq else None
     if growth:
         k = max(growth, key=growth.get)
         r["sigma_growth"], r["sigma_where"] = growth[k], f"{k[0]} L{k[1]}H{k[2]}"
@@ -160,8 +215,11 @@ def summarise_run(run_dir):
     # One-signedness of the delta drift per head.
     drift = {}
     abs_err = []
+    r["drift_series"] = {}
     for row in read_csv(os.path.join(run_dir, "delta_drift.csv")):
         drift.setdefault((int(row["layer"]), int(row["head"])), []).append(float(row["delta_drift"]))
+        r["drift_series"].setdefault((int(row["layer"]), int(row["head"])), []).append(
+            (int(row["step"]), float(row["delta_drift"])))
         abs_err.append(float(row["delta_abs_err"]))
     # The delta error's size (mean over heads and hook steps of sum_rows |d_run - d_fp64|) and
     # its systematic part: the net signed drift over the summed absolute error (-1..1).
@@ -189,9 +247,11 @@ def summarise_run(run_dir):
                  one_signed_median=math.nan, hook_steps=0, sign_p=math.nan, pos_steps="")
 
     ties = {}
+    r["tie_series"] = {}
     for row in read_csv(os.path.join(run_dir, "attn_stats.csv")):
         if row["stat"] == "tied_row_frac":
             ties.setdefault((int(row["layer"]), int(row["head"])), []).append(float(row["value"]))
+            r["tie_series"].setdefault(int(row["step"]), []).append(float(row["value"]))
     if ties:
         means = [sum(v) / len(v) for v in ties.values()]
         r["ties_mean"], r["ties_max"] = sum(means) / len(means), max(means)
@@ -217,10 +277,78 @@ def mean_se(xs, spec=".3f", se_spec=None):
     return f"{format(m, spec)} ± {format(statistics.stdev(xs) / math.sqrt(len(xs)), se_spec or spec)}"
 
 
+def trailing_mean(series, step, window=WINDOW):
+    """Mean of the finite values of [(step, value)] over the `window` steps ending at step."""
+    xs = [v for s, v in series if step - window < s <= step and v is not None and math.isfinite(v)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def print_explosions(groups, reference):
+    labels = [", ".join(k) if k else "-" for k in groups]
+    ref = 0
+    if reference:
+        hits = [i for i, l in enumerate(labels) if reference in l]
+        if len(hits) != 1:
+            sys.exit(f"repro_summary: error: --reference {reference!r} matches {len(hits)} "
+                     f"configurations (of: {'; '.join(labels)}); give a substring of one")
+        ref = hits[0]
+    rs_ref = list(groups.values())[ref]
+    k_ref = sum(1 for r in rs_ref if r["explosion"])
+    print(f"| configuration | explosion step per seed | exploded | 95% interval | "
+          f"Fisher p vs {labels[ref]} |")
+    print("|---|---|---|---|---|")
+    for label, rs in zip(labels, groups.values()):
+        rs = sorted(rs, key=lambda r: int(r["seed"] or 0))
+        per_seed = ", ".join(f"{r['seed']}: {r['explosion'] or 'none'}" for r in rs)
+        k, n = sum(1 for r in rs if r["explosion"]), len(rs)
+        lo, hi = clopper_pearson(k, n)
+        p = fisher_exact(k, n - k, k_ref, len(rs_ref) - k_ref)
+        print(f"| {label} | {per_seed} | {k} of {n} | {lo:.2f}-{hi:.2f} | "
+              f"{'-' if label == labels[ref] else format(p, '.3g')} |")
+    print()
+    print("Explosion: tools/repro_summary.py's docstring; 'none' survived to its last step. "
+          "Interval: Clopper-Pearson, exact. p: Fisher's exact test, two-sided.")
+
+
+def print_timeline(r, every):
+    top = r.get("top_wq")
+    hook_steps = sorted(r["tie_series"])
+    if not hook_steps or top is None:
+        print(f"{r['run']}: no hook files (attn_stats.csv, spectral.csv)")
+        return
+    sig = dict(r["sigma_series"].get(top, []))
+    head = (top[1], top[2])
+    cum, running = {}, 0.0
+    for s, v in sorted(r["drift_series"].get(head, [])):
+        running += v
+        cum[s] = running
+    print(f"**{r['run']}** (seed {r['seed']}; explosion: {r['explosion'] or 'none'}; top head "
+          f"W_Q L{top[1]}H{top[2]})")
+    print()
+    print("| step | loss (20-step mean) | grad norm (20-step mean) | ties (mean over heads) | "
+          f"sigma W_Q L{top[1]}H{top[2]} | its delta drift, running sum |")
+    print("|---|---|---|---|---|---|")
+    for i, s in enumerate(hook_steps):
+        if i % every and s != hook_steps[-1]:
+            continue
+        ties = r["tie_series"][s]
+        print(f"| {s} | {fmt(trailing_mean(r['train'], s))} | "
+              f"{fmt(trailing_mean(r['grads'], s), '.3g')} | {fmt(sum(ties) / len(ties), '.4f')} | "
+              f"{fmt(sig.get(s, math.nan), '.2f')} | {fmt(cum.get(s, math.nan), '.2e')} |")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("studies", nargs="+", help="study folders (or run folders)")
     ap.add_argument("--json", help="also write every run's figures to this JSON file")
+    ap.add_argument("--explosions", action="store_true",
+                    help="also the explosion-step table with intervals and Fisher p-values")
+    ap.add_argument("--reference", default="",
+                    help="with --explosions: the configuration the p-values compare against "
+                         "(a substring of its label; default: the first)")
+    ap.add_argument("--timeline", type=int, default=0, metavar="EVERY",
+                    help="also every run's timeline at every EVERY-th hook step")
     args = ap.parse_args()
 
     runs = []
@@ -276,12 +404,20 @@ def main():
     print()
     print("Means ± standard error over the seeds of a configuration. Columns: "
           "tools/repro_summary.py's docstring and docs/reproduction.md.")
+    if args.explosions:
+        print()
+        print_explosions(groups, args.reference)
+    if args.timeline > 0:
+        print()
+        for r in runs:
+            print_timeline(r, args.timeline)
     if args.json:
         def finite(v):  # JSON has no NaN: null
             return None if isinstance(v, float) and not math.isfinite(v) else v
         with open(args.json, "w") as f:
-            json.dump([{k: finite(v) for k, v in r.items()} for r in runs], f, indent=1,
-                      allow_nan=False)
+            series = {"train", "grads", "sigma_series", "drift_series", "tie_series", "top_wq"}
+            json.dump([{k: finite(v) for k, v in r.items() if k not in series} for r in runs],
+                      f, indent=1, allow_nan=False)
 
 
 if __name__ == "__main__":
