@@ -265,7 +265,8 @@ const std::vector<SpecKey>& deviation_spec_keys() {
       {"tie_shift", "stabilized flash's shifted maximum: beta | exact_sum (core/attention.h)"},
       {"max_shift", "stabilized flash: cap on the max shift; 0: ln(1/min_normal(probs))/2"},
       {"o_tilde_bits", "flash: fraction bits of O~ (1..6 with accum bf16); 0: O~ in accum"},
-      {"o_tilde_scope", "which O~ updates o_tilde_bits narrows: all | tied | untied_matched"},
+      {"o_tilde_gain", "flash: O~'s rounding error times this (>= 1), O~ in fp32; 0: off"},
+      {"o_tilde_scope", "which O~ updates the amplifier acts on: all | tied | untied_matched"},
       {"tie_break", "flash: the j-th tied score of a tied tile lowered by j * this in exp; 0: off"},
       {"compute", "compute format f the rule starts from: bf16 | fp16 | fp32 | fp64"},
       {"rule", "gpu | every_op | every_mac (docs/numerics.md)"},
@@ -321,6 +322,7 @@ void set_spec_field(DeviationSpec& s, const std::string& key, const std::string&
     else if (key == "max_shift") a.max_shift = to_double(key, v, w);
     else if (key == "tie_shift") a.tie_shift = parse_tie_shift(v);
     else if (key == "o_tilde_bits") a.o_tilde_bits = to_int(key, v, w);
+    else if (key == "o_tilde_gain") a.o_tilde_gain = to_double(key, v, w);
     else if (key == "o_tilde_scope") a.o_tilde_scope = parse_o_tilde_scope(v);
     else if (key == "tie_break") a.tie_break = to_double(key, v, w);
     else if (key == "compute") {

@@ -155,6 +155,7 @@ AttentionConfig backend_config(const BiasConfig& bc, const Backend& b, BiasAccum
   c.tie_shift = bc.tie_shift;
   if (b.kind != AttentionKind::Baseline) {
     c.o_tilde_bits = bc.o_tilde_bits;
+    c.o_tilde_gain = bc.o_tilde_gain;
     c.o_tilde_scope = bc.o_tilde_scope;
   }
   if (accum == BiasAccum::Bf16) c.accum = bc.compute;

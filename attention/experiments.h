@@ -103,6 +103,7 @@ struct BiasConfig {
   // tiles of o_tilde_scope (core/attention_numerics.h). A call's rows are all of one kind,
   // so untied_matched narrows nothing here: every call is all tied or all untied.
   int o_tilde_bits = 0;
+  double o_tilde_gain = 0;  // or O~'s rounding error times this gain (0: off)
   OTildeScope o_tilde_scope = OTildeScope::All;
   std::vector<BiasRows> kinds{BiasRows::TiedTile, BiasRows::TiedAny, BiasRows::Single,
                               BiasRows::Diffuse};

@@ -14,7 +14,8 @@
 //                                             Qiu & Yao's bias arises; o_tilde_bits narrows
 //                                             these three roundings only)
 //   O = r_o(O~ / l); o32 = O~ / l in the wide format; lse = m + log l (wide)
-// o_tilde_scope confines o_tilde_bits to the O~ updates of tied key tiles (tied), or to as
+// o_tilde_gain instead sets O~ = u + gain * (r - u), u = alpha * O~ + P~V exact and r the
+// update rounded as above, in the wide format: the update's rounding error times the gain. o_tilde_scope confines either amplifier to the O~ updates of tied key tiles (tied), or to as
 // many untied tiles as there are tied ones in the head's call (untied_matched; the tiles
 // chosen by o_tilde_matched_tiles); the other updates round into accum. tie_break lowers the
 // j-th tied score of a tied tile by j * tie_break inside exp (P~ only).
@@ -352,10 +353,17 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       l = round_fmt(c.rop(alpha * l, n.lsum) + rowsum, n.lsum);
       std::fill(pv.begin(), pv.end(), 0.0);
       for (int s = c0; s < c1; ++s) axpy(pv.data(), P[s - c0], v + s * d, d, n.mac);
-      for (int j = 0; j < d; ++j)
-        acc[j] = c.r_ot((n.round_ops ? c.r_ot(alpha * acc[j], narrow) : alpha * acc[j]) +
-                            c.r_ot(pv[j], narrow),
-                        narrow);
+      const bool gain = narrow && n.o_tilde_gain;
+      for (int j = 0; j < d; ++j) {
+        const double scaled = alpha * acc[j];
+        const double r = c.r_ot((n.round_ops ? c.r_ot(scaled, narrow) : scaled) +
+                                    c.r_ot(pv[j], narrow),
+                                narrow);
+        // o_tilde_gain: the update's rounding error (against its exact value) times the gain.
+        acc[j] = gain ? round_fmt((scaled + pv[j]) + n.o_tilde_gain * (r - (scaled + pv[j])),
+                                  wide_of(n))
+                      : r;
+      }
       m = m_new;
     }
     for (int j = 0; j < d; ++j) {
@@ -511,6 +519,7 @@ std::vector<double> deltas(const Ctx& c, const double* q, const double* k, const
       w.scores = w.probs = w.accum = w.lsum = w.out = w.mac = w.lsum_mac = wide_of(n);
       w.round_ops = false;
       w.o_tilde_bits = 0;
+      w.o_tilde_gain = 0;
       HeadForward re;
       if (c.dots)
         head_forward_dots(c.cfg, w, T, Tk, d, c.dots, v, re);

@@ -206,9 +206,13 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
       l = round_to_float(alpha * l + rowsum, n.lsum);
       std::fill(pv, pv + d, 0.0f);
       for (int i = 0; i < w; ++i) axpy(pv, P[i], v + static_cast<size_t>(c0 + i) * d, d);
+      const bool gain = narrow && n.o_tilde_gain;
       for (int j = 0; j < d; ++j) {
         const double scaled = alpha * acc[j];
-        acc[j] = r_ot(scaled + r_ot(pv[j], narrow), narrow);
+        const float r = r_ot(scaled + r_ot(pv[j], narrow), narrow);
+        // o_tilde_gain (the lab's): the update's rounding error times the gain.
+        acc[j] = gain ? static_cast<float>((scaled + pv[j]) + n.o_tilde_gain * (r - (scaled + pv[j])))
+                      : r;
       }
       m = m_new;
     }

@@ -64,11 +64,27 @@ AttnNumerics AttentionConfig::numerics(DType compute, int head) const {
            " fraction bits); 0 keeps O~ in attention.accum");
     n.o_tilde_bits = o_tilde_bits;
   }
+  if (o_tilde_gain != 0) {
+    if (kind == AttentionKind::Baseline)
+      fail("attention.o_tilde_gain = ", o_tilde_gain,
+           " is set, but the baseline backend has no O~ accumulator (set it on flash or "
+           "stabilized_flash runs only)");
+    if (o_tilde_bits)
+      fail("attention.o_tilde_gain = ", o_tilde_gain, " and attention.o_tilde_bits = ",
+           o_tilde_bits, " are two amplifiers of O~'s rounding; set one of them");
+    if (!(o_tilde_gain >= 1) || !std::isfinite(o_tilde_gain))
+      fail("attention.o_tilde_gain = ", o_tilde_gain, " must be a finite value >= 1 (1: "
+           "O~ rounded as usual; 0: off)");
+    if (n.accum != DType::BF16 && n.accum != DType::F16 && n.accum != DType::F32)
+      fail("attention.o_tilde_gain = ", o_tilde_gain, " keeps O~ in FP32, but O~'s format "
+           "is ", dtype_name(n.accum), " here (set attention.accum: bf16, fp16 or fp32)");
+    n.o_tilde_gain = o_tilde_gain;
+  }
   if (o_tilde_scope != OTildeScope::All) {
-    if (!o_tilde_bits)
+    if (!o_tilde_bits && !o_tilde_gain)
       fail("attention.o_tilde_scope = ", o_tilde_scope_name(o_tilde_scope),
-           " says where O~ is narrowed, but attention.o_tilde_bits is 0 (set o_tilde_bits, "
-           "e.g. 2, or leave o_tilde_scope at all)");
+           " says where O~'s rounding is amplified, but attention.o_tilde_bits and "
+           "o_tilde_gain are 0 (set one, e.g. o_tilde_bits: 2, or leave o_tilde_scope at all)");
     n.o_tilde_scope = o_tilde_scope;
   }
   if (tie_break != 0) {

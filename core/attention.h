@@ -50,6 +50,7 @@ struct AttentionConfig {
   int o_tilde_bits = 0;
   // Flash: which O~ updates o_tilde_bits narrows, and the tie-breaking counterfactual
   // (AttnNumerics::o_tilde_scope and tie_break).
+  double o_tilde_gain = 0;  // AttnNumerics::o_tilde_gain
   OTildeScope o_tilde_scope = OTildeScope::All;
   double tie_break = 0;
   // Flash tiles: Br query rows, Bc key columns; 0 means one tile spanning the sequence.

@@ -78,6 +78,7 @@ std::string AttnNumerics::describe() const {
      << " grads=" << dtype_name(grads) << (round_ops ? " round_ops" : "")
      << " delta=" << delta_mode_name(delta);
   if (o_tilde_bits) os << " o_tilde_bits=" << o_tilde_bits;
+  if (o_tilde_gain) os << " o_tilde_gain=" << o_tilde_gain;
   if (o_tilde_scope != OTildeScope::All) os << " o_tilde_scope=" << o_tilde_scope_name(o_tilde_scope);
   if (tie_break > 0) os << " tie_break=" << tie_break;
   return os.str();

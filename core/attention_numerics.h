@@ -73,7 +73,12 @@ struct AttnNumerics {
   // mechanism (docs/numerics.md). Every rounding into O~ uses it: r(alpha * O~), r(P~ V)
   // and their sum; alpha itself stays in `accum`.
   int o_tilde_bits = 0;
-  OTildeScope o_tilde_scope = OTildeScope::All;  // which O~ updates o_tilde_bits narrows
+  // Flash only, the other amplifier: the O~ update's rounding error multiplied by this
+  // gain, O~ = u + gain * (r - u) held in the wide format, u = alpha * O~ + P~V exact and r
+  // the update rounded to `accum` as usual (Qiu & Yao's bias, which arises there, scaled;
+  // the rounding itself unchanged). 0: off; 1 gives r. Not with o_tilde_bits.
+  double o_tilde_gain = 0;
+  OTildeScope o_tilde_scope = OTildeScope::All;  // which O~ updates the amplifier acts on
   // Flash only, the counterfactual "ties broken": in a tied key tile, the j-th score within
   // tie_tol of the maximum (j = 0, 1, ... in key order) enters exp(S - m) lowered by
   // j * tie_break (in the wide format; S itself, the tie test and the statistics keep the

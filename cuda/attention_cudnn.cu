@@ -689,6 +689,7 @@ void check_config(const AttentionConfig& c) {
   if (c.rule != RoundingRule::Gpu) fail("attention.rule = ", rounding_rule_name(c.rule), why);
   if (c.delta != DeltaMode::O) fail("attention.delta = ", delta_mode_name(c.delta), why);
   if (c.o_tilde_bits) fail("attention.o_tilde_bits = ", c.o_tilde_bits, why);
+  if (c.o_tilde_gain != 0) fail("attention.o_tilde_gain = ", c.o_tilde_gain, why);
   if (c.o_tilde_scope != OTildeScope::All)
     fail("attention.o_tilde_scope = ", o_tilde_scope_name(c.o_tilde_scope), why);
   if (c.tie_break != 0) fail("attention.tie_break = ", c.tie_break, why);

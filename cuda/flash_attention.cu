@@ -69,6 +69,9 @@ class FlashAttentionCuda : public Attention {
     if (cfg.o_tilde_bits)
       fail("attention.o_tilde_bits = ", cfg.o_tilde_bits,
            " is CPU only; the CUDA flash kernels keep O~ in attention.accum's format");
+    if (cfg.o_tilde_gain != 0)
+      fail("attention.o_tilde_gain = ", cfg.o_tilde_gain,
+           " is CPU only (the CUDA flash kernels round O~ as accum says); run it with device: cpu");
     if (cfg.o_tilde_scope != OTildeScope::All)
       fail("attention.o_tilde_scope = ", o_tilde_scope_name(cfg.o_tilde_scope),
            " is CPU only (the CUDA flash kernels have no narrowed O~); run it with device: cpu");

@@ -811,6 +811,35 @@ TEST(AttentionSpec, OTildeScopeHandWorked) {
   EXPECT_THROW(cfg.numerics(DType::BF16, 0), Error);
 }
 
+TEST(AttentionSpec, OTildeGainHandWorked) {
+  // attention.o_tilde_gain on the same example (flash, accum bf16, one tile per row): O~ =
+  // u + G (R(u) - u), u the exact update (here P~V, the first tile).
+  //   row 2: u = -4.70398331 (FP32), R(u) = -4.71875; G = 32: O~ = -5.17651749, l = 2,
+  //          O = R(-2.58825874) = -2.59375; G = 1: O~ = R(u), O = -2.359375 (as without)
+  //   row 1: u = -2.40625 - 0.00085831 = -2.40710831, R(u) = -2.40625: O~ = -2.40625 +
+  //          31 * 0.00085831 = -2.37964249, l = 1, O = -2.375
+  //   row 0: u = v0 is a BF16 value: no error, O = -2.40625
+  const Vec q = {1.375, 1.375, 1.375}, k = {0.0, -5.125, 0.0};
+  const Vec v = {-2.40625, -1.0, -2.296875};
+  AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
+  cfg.accum = DType::BF16;
+  cfg.o_tilde_gain = 32;
+  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.375, -2.59375}));
+  cfg.o_tilde_scope = OTildeScope::Tied;
+  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.59375}));
+  cfg.o_tilde_gain = 1;
+  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.359375}));
+  // Refused: with o_tilde_bits, below 1, on baseline.
+  cfg.o_tilde_bits = 2;
+  EXPECT_THROW(cfg.numerics(DType::BF16, 0), Error);
+  cfg.o_tilde_bits = 0;
+  cfg.o_tilde_gain = 0.5;
+  EXPECT_THROW(cfg.numerics(DType::BF16, 0), Error);
+  AttentionConfig b = make_cfg(AttentionKind::Baseline, RoundingRule::Gpu, 0, 0);
+  b.o_tilde_gain = 8;
+  EXPECT_THROW(b.numerics(DType::BF16, 0), Error);
+}
+
 TEST(AttentionSpec, TieBreakHandWorked) {
   // attention.tie_break on the same example (flash, accum bf16, O~ in BF16): row 2's second
   // tied score (key 2) enters exp lowered by eps.

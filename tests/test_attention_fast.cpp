@@ -226,14 +226,16 @@ TEST(AttentionFast, NarrowOTildeBitEqualToTheLab) {
 }
 
 TEST(AttentionFast, OTildeScopeAndTieBreakBitEqualToTheLab) {
-  // attention.o_tilde_scope (tied, untied_matched) and attention.tie_break: flash and
-  // stabilized flash (tie_break: flash only), O~ in BF16 with 2 bits where narrowed, tiles one
-  // per row, ragged and the default, tied keys, causal and not.
+  // attention.o_tilde_scope (tied, untied_matched), attention.o_tilde_gain and
+  // attention.tie_break: flash and stabilized flash (tie_break: flash only), O~ in BF16 with
+  // 2 bits or the gain 32 where amplified, tiles one per row, ragged and the default, tied
+  // keys, causal and not.
   int cases = 0;
   for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::StabilizedFlash})
     for (DType f : kFormats)
       for (OTildeScope scope : {OTildeScope::All, OTildeScope::Tied, OTildeScope::UntiedMatched})
         for (double brk : {0.0, 0.00390625})
+          for (double gain : {0.0, 32.0})
           for (const Tiles& tl : {Tiles{0, 0}, Tiles{5, 7}, Tiles{64, 64}})
             for (bool causal : {true, false}) {
               if (brk > 0 && kind != AttentionKind::Flash) continue;
@@ -243,7 +245,8 @@ TEST(AttentionFast, OTildeScopeAndTieBreakBitEqualToTheLab) {
               cfg.block_q = tl.br;
               cfg.block_k = tl.bc;
               cfg.accum = DType::BF16;
-              cfg.o_tilde_bits = 2;
+              cfg.o_tilde_bits = gain > 0 ? 0 : 2;
+              cfg.o_tilde_gain = gain;
               cfg.o_tilde_scope = scope;
               cfg.tie_break = brk;
               const AttnNumerics n = cfg.numerics(f, 0);
@@ -255,8 +258,8 @@ TEST(AttentionFast, OTildeScopeAndTieBreakBitEqualToTheLab) {
                   << " tiles " << tl.br << "x" << tl.bc << ": " << first;
               ++cases;
             }
-  std::printf("O~ scope and tie break: %d heads bit-equal\n", cases);
-  EXPECT_EQ(cases, 3 * 3 * 6 * (2 + 1));
+  std::printf("O~ scope, gain and tie break: %d heads bit-equal\n", cases);
+  EXPECT_EQ(cases, 3 * 3 * 6 * 2 * (2 + 1));
 }
 
 TEST(AttentionFast, RefusesWhatItDoesNotReproduce) {

@@ -334,7 +334,8 @@ TEST(Config, CrossFieldChecks) {
                 .attention.o_tilde_bits, 3);
   // attention.o_tilde_scope needs o_tilde_bits; attention.tie_break is flash's alone.
   EXPECT_HAS(parse_error("attention: {backend: flash, o_tilde_scope: tied}\n"),
-             "attention.o_tilde_scope = tied says where O~ is narrowed, but attention.o_tilde_bits is 0");
+             "attention.o_tilde_scope = tied says where O~'s rounding is amplified, but "
+             "attention.o_tilde_bits and o_tilde_gain are 0");
   EXPECT_HAS(parse_error("attention: {backend: flash, o_tilde_bits: 2, o_tilde_scope: ties}\n"),
              "attention.o_tilde_scope");
   EXPECT_HAS(parse_error("attention: {backend: stabilized_flash, tie_break: 0.004}\n"),
@@ -342,6 +343,10 @@ TEST(Config, CrossFieldChecks) {
   EXPECT_HAS(parse_error("attention: {tie_break: 0.004}\n"),
              "layer 0: attention.tie_break = 0.004 is set, but the backend is baseline");
   EXPECT_HAS(parse_error("attention: {backend: flash, tie_break: -1}\n"), "attention.tie_break");
+  EXPECT_HAS(parse_error("attention: {backend: flash, o_tilde_gain: 8, o_tilde_bits: 2}\n"),
+             "are two amplifiers of O~'s rounding; set one of them");
+  EXPECT_HAS(parse_error("attention: {o_tilde_gain: 8}\n"),
+             "attention.o_tilde_gain = 8 is set, but the baseline backend has no O~");
   {
     const Config sc = parse_config("precision: {compute: bf16}\n"
                                    "attention: {backend: flash, accum: bf16, o_tilde_bits: 1, "

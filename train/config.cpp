@@ -147,8 +147,11 @@ const Key kSchema[] = {
     {ST_KEY(attention, o_tilde_bits), closed(0, 21),
      "flash: fraction bits of O~ (FP32 exponent range; bf16 has 7) to amplify Qiu & Yao's "
      "cause; 0: O~ in accum's format (CPU only)"},
+    {ST_KEY(attention, o_tilde_gain), at_least(0),
+     "flash: each rounding into O~ keeps its error times this gain (>= 1), O~ held in fp32: "
+     "Qiu & Yao's cause scaled; 0: off (CPU only)"},
     {ST_KEY(attention, o_tilde_scope), any(),
-     "which O~ updates o_tilde_bits narrows: every key tile, tiles whose maximum is tied "
+     "which O~ updates o_tilde_bits or o_tilde_gain amplify: every key tile, tiles whose maximum is tied "
      "(within tie_tol), or as many untied tiles as tied ones (the control; CPU only)",
      "all|tied|untied_matched"},
     {ST_KEY(attention, tie_break), at_least(0),

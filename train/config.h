@@ -92,6 +92,7 @@ struct AttentionSection {
   std::string lsum = "auto", lsum_mac = "auto";
   std::string delta = "o";  // o | o_split | o_fp32 | dp_p | fp32_recompute
   int o_tilde_bits = 0;     // flash: O~ with this many fraction bits; 0: in accum's format
+  double o_tilde_gain = 0;  // flash: O~'s rounding error times this (>= 1); 0: off
   std::string o_tilde_scope = "all";  // all | tied | untied_matched (core/attention_numerics.h)
   double tie_break = 0;     // flash: tied scores lowered by j * tie_break before exp; 0: off
   int block_q = 64, block_k = 64;  // flash tiles; 0: one tile per row

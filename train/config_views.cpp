@@ -61,6 +61,7 @@ std::vector<AttentionConfig> attention_configs(const Config& c, const std::strin
   base.lsum_mac = fmt(a.lsum_mac);
   base.delta = parse_delta_mode(a.delta);
   base.o_tilde_bits = a.o_tilde_bits;
+  base.o_tilde_gain = a.o_tilde_gain;
   base.o_tilde_scope = parse_o_tilde_scope(a.o_tilde_scope);
   base.tie_break = a.tie_break;
   base.block_q = a.block_q;
@@ -104,9 +105,10 @@ std::vector<AttentionConfig> attention_configs(const Config& c, const std::strin
            ": cuDNN's fused attention takes bf16 or fp16 (set precision.compute: bf16)");
     break;
   }
-  // o_tilde_bits needs a flash layer and O~ in an FP32-range format, o_tilde_scope needs
-  // o_tilde_bits, tie_break a flash layer: resolved now, so a wrong one stops before a run.
-  if (a.o_tilde_bits || base.o_tilde_scope != OTildeScope::All || a.tie_break != 0) {
+  // o_tilde_bits and o_tilde_gain need a flash layer (bits: O~ in an FP32-range format),
+  // o_tilde_scope one of them, tie_break a flash layer: resolved now, so a wrong one stops before a run.
+  if (a.o_tilde_bits || a.o_tilde_gain != 0 || base.o_tilde_scope != OTildeScope::All ||
+      a.tie_break != 0) {
     const DType compute = parse_dtype(c.precision.compute);
     for (int l = 0; l < c.model.n_layer; ++l) {
       try {

@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
   bias->add_option("--o-tilde-bits,--o_tilde_bits", bc.o_tilde_bits,
                    "flash and stabilized flash: O~ with this many fraction bits (0: in the "
                    "accumulator; 1..6 with bf16_accum)");
+  bias->add_option("--o-tilde-gain,--o_tilde_gain", bc.o_tilde_gain,
+                   "flash and stabilized flash: O~'s rounding error times this gain (>= 1; "
+                   "0: off), instead of --o-tilde-bits");
   bias->add_option("--o-tilde-scope,--o_tilde_scope", o_tilde_scope,
                    "where --o-tilde-bits acts: all | tied | untied_matched (a call's rows are "
                    "one kind, so untied_matched narrows nothing here)");
@@ -169,8 +172,9 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
       fail("attn_deviation bias --o-tilde-scope: ", e.what());
     }
-    if (bc.o_tilde_scope != OTildeScope::All && !bc.o_tilde_bits)
-      fail("attn_deviation bias --o-tilde-scope ", o_tilde_scope, " needs --o-tilde-bits (e.g. 2)");
+    if (bc.o_tilde_scope != OTildeScope::All && !bc.o_tilde_bits && !bc.o_tilde_gain)
+      fail("attn_deviation bias --o-tilde-scope ", o_tilde_scope,
+           " needs --o-tilde-bits (e.g. 2) or --o-tilde-gain");
     bc.deltas = !no_deltas;
     bc.baseline = !no_baseline;
     std::fprintf(stderr, "attn_deviation bias: estimated %s of CPU time\n",
