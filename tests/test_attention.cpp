@@ -776,6 +776,17 @@ TEST(AttentionSpec, NarrowOTildeHandWorked) {
   EXPECT_EQ(cfg.numerics(DType::BF16, 0).o_tilde_bits, 6);
 }
 
+namespace {
+
+// The O of the paper's example (NarrowOTildeHandWorked, three causal rows, d 1) under cfg.
+Vec paper_example_o(const AttentionConfig& cfg) {
+  const Vec q = {1.375, 1.375, 1.375}, k = {0.0, -5.125, 0.0};
+  const Vec v = {-2.40625, -1.0, -2.296875};
+  return forward_head(cfg, DType::BF16, 3, 1, q, k, v).o;
+}
+
+}  // namespace
+
 TEST(AttentionSpec, OTildeScopeHandWorked) {
   // attention.o_tilde_scope on the paper's example: flash, accum bf16, one key tile per row,
   // O~ with 2 fraction bits where narrowed. Row 2's maxima tie (keys 0 and 2, both scores 0);
@@ -784,14 +795,12 @@ TEST(AttentionSpec, OTildeScopeHandWorked) {
   //   row 1: P~V = -2.40625 + R(e^-7.0625) * -1 = -2.40711: BF16 -2.40625, 2 bits -2.5;
   //          l = R(1.00086) = 1
   //   row 2: BF16 O~ -4.71875, O = -2.359375; 2 bits O~ -5, O = -2.5 (NarrowOTildeHandWorked)
-  const Vec q = {1.375, 1.375, 1.375}, k = {0.0, -5.125, 0.0};
-  const Vec v = {-2.40625, -1.0, -2.296875};
   AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
   cfg.accum = DType::BF16;
   cfg.o_tilde_bits = 2;
   const auto o = [&](OTildeScope scope) {
     cfg.o_tilde_scope = scope;
-    return forward_head(cfg, DType::BF16, 3, 1, q, k, v).o;
+    return paper_example_o(cfg);
   };
   EXPECT_EQ(o(OTildeScope::All), (Vec{-2.5, -2.5, -2.5}));
   EXPECT_EQ(o(OTildeScope::Tied), (Vec{-2.40625, -2.40625, -2.5}));
@@ -819,16 +828,14 @@ TEST(AttentionSpec, OTildeGainHandWorked) {
   //   row 1: u = -2.40625 - 0.00085831 = -2.40710831, R(u) = -2.40625: O~ = -2.40625 +
   //          31 * 0.00085831 = -2.37964249, l = 1, O = -2.375
   //   row 0: u = v0 is a BF16 value: no error, O = -2.40625
-  const Vec q = {1.375, 1.375, 1.375}, k = {0.0, -5.125, 0.0};
-  const Vec v = {-2.40625, -1.0, -2.296875};
   AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
   cfg.accum = DType::BF16;
   cfg.o_tilde_gain = 32;
-  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.375, -2.59375}));
+  EXPECT_EQ(paper_example_o(cfg), (Vec{-2.40625, -2.375, -2.59375}));
   cfg.o_tilde_scope = OTildeScope::Tied;
-  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.59375}));
+  EXPECT_EQ(paper_example_o(cfg), (Vec{-2.40625, -2.40625, -2.59375}));
   cfg.o_tilde_gain = 1;
-  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.359375}));
+  EXPECT_EQ(paper_example_o(cfg), (Vec{-2.40625, -2.40625, -2.359375}));
   // Refused: with o_tilde_bits, below 1, on baseline.
   cfg.o_tilde_bits = 2;
   EXPECT_THROW(cfg.numerics(DType::BF16, 0), Error);
@@ -849,17 +856,15 @@ TEST(AttentionSpec, TieBreakHandWorked) {
   //   rounded once: breaking the tie removes this row's bias)
   //   eps = 2^-8 with O~ narrowed to 2 bits on tied tiles: O~ = -5, O = -2.5 (the tie test
   //   reads the unperturbed scores)
-  const Vec q = {1.375, 1.375, 1.375}, k = {0.0, -5.125, 0.0};
-  const Vec v = {-2.40625, -1.0, -2.296875};
   AttentionConfig cfg = make_cfg(AttentionKind::Flash, RoundingRule::Gpu, 0, 0);
   cfg.accum = DType::BF16;
   cfg.tie_break = 1e-6;
-  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.359375}));
+  EXPECT_EQ(paper_example_o(cfg), (Vec{-2.40625, -2.40625, -2.359375}));
   cfg.tie_break = 0.00390625;
-  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.34375}));
+  EXPECT_EQ(paper_example_o(cfg), (Vec{-2.40625, -2.40625, -2.34375}));
   cfg.o_tilde_bits = 2;
   cfg.o_tilde_scope = OTildeScope::Tied;
-  EXPECT_EQ(forward_head(cfg, DType::BF16, 3, 1, q, k, v).o, (Vec{-2.40625, -2.40625, -2.5}));
+  EXPECT_EQ(paper_example_o(cfg), (Vec{-2.40625, -2.40625, -2.5}));
   // Refused: stabilized flash and baseline (flash's counterfactual only), negative values.
   for (AttentionKind kind : {AttentionKind::StabilizedFlash, AttentionKind::Baseline}) {
     AttentionConfig b = make_cfg(kind, RoundingRule::Gpu, 0, 0);
