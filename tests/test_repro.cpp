@@ -177,11 +177,17 @@ TEST(ReproSummary, ExplosionTableAndTimelineWithKnownAnswers) {
   // steps 0, 50, 100 only ("-"); head 0's delta drift 1e-6 + 2e-6 summed by step 40.
   EXPECT_NE(c.out.find("**f3** (seed 3; explosion: none; top head W_Q L0H0)"), std::string::npos) << c.out;
   EXPECT_NE(c.out.find(" | 0.805 | 0.1000 | - | 3.00e-06 |"), std::string::npos) << c.out;
-  // A reference that matches no configuration, or two, is a one-line error.
+  // A label matched exactly wins over the labels it is a substring of ("flash" of
+  // "stabilized_flash"); a substring of two labels, or of none, is a one-line error.
+  const Cmd exact = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
+                            " --explosions --reference flash");
+  EXPECT_EQ(exact.code, 0) << exact.err;
+  EXPECT_NE(exact.out.find("| stabilized_flash | 1: none, 2: none, 3: none | 0 of 3 | 0.00-0.71 | 0.4 |"),
+            std::string::npos) << exact.out;
   const Cmd bad = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
-                          " --explosions --reference flash");
+                          " --explosions --reference las");
   EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.err.find("--reference 'flash' matches 2 configurations"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--reference 'las' matches 2 configurations"), std::string::npos) << bad.err;
 }
 
 TEST(ReproSummary, NoRunsIsAOneLineError) {

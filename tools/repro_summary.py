@@ -33,7 +33,7 @@ that differ only in run.seed), with these columns (definitions in docs/reproduct
 With --explosions, a third table: per configuration, the explosion step of every seed
 ("none": survived to its last step), the share that exploded with its exact (Clopper-Pearson)
 95% interval, and Fisher's exact test (two-sided) of that share against the configuration
-named by --reference (a substring of its label; default: the first configuration).
+named by --reference (its label, or a substring of one label; default: the first).
 
 With --timeline EVERY, per run, the order of events at every EVERY-th hook step: the 20-step
 mean training loss and gradient norm ending at that step, the tie rate (tied_row_frac, mean
@@ -287,7 +287,8 @@ def print_explosions(groups, reference):
     labels = [", ".join(k) if k else "-" for k in groups]
     ref = 0
     if reference:
-        hits = [i for i, l in enumerate(labels) if reference in l]
+        hits = [i for i, l in enumerate(labels) if reference == l] or \
+               [i for i, l in enumerate(labels) if reference in l]
         if len(hits) != 1:
             sys.exit(f"repro_summary: error: --reference {reference!r} matches {len(hits)} "
                      f"configurations (of: {'; '.join(labels)}); give a substring of one")
@@ -346,7 +347,7 @@ def main():
                     help="also the explosion-step table with intervals and Fisher p-values")
     ap.add_argument("--reference", default="",
                     help="with --explosions: the configuration the p-values compare against "
-                         "(a substring of its label; default: the first)")
+                         "(its label, or a substring of one label; default: the first)")
     ap.add_argument("--timeline", type=int, default=0, metavar="EVERY",
                     help="also every run's timeline at every EVERY-th hook step")
     args = ap.parse_args()
