@@ -177,6 +177,15 @@ TEST(ReproSummary, ExplosionTableAndTimelineWithKnownAnswers) {
   // steps 0, 50, 100 only ("-"); head 0's delta drift 1e-6 + 2e-6 summed by step 40.
   EXPECT_NE(c.out.find("**f3** (seed 3; explosion: none; top head W_Q L0H0)"), std::string::npos) << c.out;
   EXPECT_NE(c.out.find(" | 0.805 | 0.1000 | - | 3.00e-06 |"), std::string::npos) << c.out;
+  // Same drift files in every run: net 0.8 and drift > 0 0.8 in both, permutation p = 1.
+  EXPECT_NE(c.out.find("| 0.4 | 0.8000 ± 0.0000 | 1 | 0.800 ± 0.000 | 1 |"), std::string::npos) << c.out;
+  // The permutation test's known answers: {1,2,3} vs {4,5,6}, 2 of the 20 splits as far apart
+  // (itself and its mirror); {1,2,4} vs {3,5,6}, sum 7 of 21: the splits summing <= 7 or >= 14,
+  // {1,2,3} {1,2,4} {3,5,6} {4,5,6}: 4 of 20.
+  const Cmd perm = run_cmd("python3 -c \"import sys; sys.path.insert(0, '" ST_SOURCE_DIR "/tools'); "
+                           "import repro_summary as r; print(r.permutation_p([1, 2, 3], [4, 5, 6]), "
+                           "r.permutation_p([1, 2, 4], [3, 5, 6]))\"");
+  EXPECT_EQ(perm.out, "0.1 0.2\n") << perm.err;
   // A label matched exactly wins over the labels it is a substring of ("flash" of
   // "stabilized_flash"); a substring of two labels, or of none, is a one-line error.
   const Cmd exact = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +

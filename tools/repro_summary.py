@@ -33,7 +33,9 @@ that differ only in run.seed), with these columns (definitions in docs/reproduct
 With --explosions, a third table: per configuration, the explosion step of every seed
 ("none": survived to its last step), the share that exploded with its exact (Clopper-Pearson)
 95% interval, and Fisher's exact test (two-sided) of that share against the configuration
-named by --reference (its label, or a substring of one label; default: the first).
+named by --reference (its label, or a substring of one label; default: the first); then the
+delta error's systematic share (net) and share of positive drifts (drift > 0), each with an
+exact two-sided permutation test of the difference in means against the reference.
 
 With --timeline EVERY, per run, the order of events at every EVERY-th hook step: the 20-step
 mean training loss and gradient norm ending at that step, the tie rate (tied_row_frac, mean
@@ -158,6 +160,26 @@ def fisher_exact(a, b, c, d):
     p_obs = prob(a)
     lo, hi = max(0, c1 - (n - r1)), min(r1, c1)
     return min(1.0, sum(prob(x) for x in range(lo, hi + 1) if prob(x) <= p_obs * (1 + 1e-9)))
+
+
+def permutation_p(xs, ys):
+    """Exact two-sided permutation test of the difference in means of xs and ys: the share of
+    the splits of the pooled values into groups of their sizes whose |difference| is at least
+    the observed one (with 3 and 3 values, 20 splits: p >= 0.1)."""
+    import itertools
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    ys = [y for y in ys if y is not None and math.isfinite(y)]
+    if not xs or not ys:
+        return math.nan
+    pool, n = xs + ys, len(xs)
+    observed = abs(sum(xs) / n - sum(ys) / len(ys))
+    total = hits = 0
+    for idx in itertools.combinations(range(len(pool)), n):
+        a = [pool[i] for i in idx]
+        b = [pool[i] for i in range(len(pool)) if i not in idx]
+        total += 1
+        hits += abs(sum(a) / n - sum(b) / len(b)) >= observed * (1 - 1e-12)
+    return hits / total
 
 
 def summarise_run(run_dir):
@@ -296,19 +318,28 @@ def print_explosions(groups, reference):
     rs_ref = list(groups.values())[ref]
     k_ref = sum(1 for r in rs_ref if r["explosion"])
     print(f"| configuration | explosion step per seed | exploded | 95% interval | "
-          f"Fisher p vs {labels[ref]} |")
-    print("|---|---|---|---|---|")
+          f"Fisher p vs {labels[ref]} | net | permutation p of net | drift > 0 | "
+          f"permutation p of drift > 0 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, rs in zip(labels, groups.values()):
         rs = sorted(rs, key=lambda r: int(r["seed"] or 0))
         per_seed = ", ".join(f"{r['seed']}: {r['explosion'] or 'none'}" for r in rs)
         k, n = sum(1 for r in rs if r["explosion"]), len(rs)
         lo, hi = clopper_pearson(k, n)
         p = fisher_exact(k, n - k, k_ref, len(rs_ref) - k_ref)
+        is_ref = label == labels[ref]
+        cols = []
+        for key in ("net_drift", "pos_frac"):
+            pp = permutation_p([r[key] for r in rs], [r[key] for r in rs_ref])
+            cols += [mean_se([r[key] for r in rs], ".4f" if key == "net_drift" else ".3f"),
+                     "-" if is_ref else fmt(pp, ".2g")]
         print(f"| {label} | {per_seed} | {k} of {n} | {lo:.2f}-{hi:.2f} | "
-              f"{'-' if label == labels[ref] else format(p, '.3g')} |")
+              f"{'-' if is_ref else format(p, '.3g')} | {' | '.join(cols)} |")
     print()
     print("Explosion: tools/repro_summary.py's docstring; 'none' survived to its last step. "
-          "Interval: Clopper-Pearson, exact. p: Fisher's exact test, two-sided.")
+          "Interval: Clopper-Pearson, exact. p: Fisher's exact test, two-sided. net and "
+          "drift > 0: the second table's columns, mean ± SE over seeds; their p: exact "
+          "two-sided permutation test of the difference in means against the reference.")
 
 
 def print_timeline(r, every):
