@@ -148,7 +148,7 @@ const Key kSchema[] = {
      "flash: fraction bits of O~ (FP32 exponent range; bf16 has 7) to amplify Qiu & Yao's "
      "cause; 0: O~ in accum's format (CPU only)"},
     {ST_KEY(attention, o_tilde_gain), at_least(0),
-     "flash: each rounding into O~ keeps its error times this gain (>= 1), O~ held in fp32: "
+     "flash: the O~ update's rounding error times this gain (>= 1), O~ held in fp32: "
      "Qiu & Yao's cause scaled; 0: off (CPU only)"},
     {ST_KEY(attention, o_tilde_scope), any(),
      "which O~ updates o_tilde_bits or o_tilde_gain amplify: every key tile, tiles whose maximum is tied "
