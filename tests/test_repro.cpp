@@ -177,6 +177,17 @@ TEST(ReproSummary, ExplosionTableAndTimelineWithKnownAnswers) {
   // steps 0, 50, 100 only ("-"); head 0's delta drift 1e-6 + 2e-6 summed by step 40.
   EXPECT_NE(c.out.find("**f3** (seed 3; explosion: none; top head W_Q L0H0)"), std::string::npos) << c.out;
   EXPECT_NE(c.out.find(" | 0.805 | 0.1000 | - | 3.00e-06 |"), std::string::npos) << c.out;
+  // A key some runs' config.yaml lacks (written by a newer train) does not split a
+  // configuration when the runs that have it agree.
+  {
+    std::ofstream(tmp_root() / "known2" / "f3" / "config.yaml", std::ios::app)
+        << "  o_tilde_gain: 0.0\n";
+    const Cmd newer = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
+                              " --explosions --reference stabilized");
+    EXPECT_EQ(newer.code, 0) << newer.err;
+    EXPECT_NE(newer.out.find("| flash | 1: 143, 2: 121, 3: none | 2 of 3 |"), std::string::npos)
+        << newer.out;
+  }
   // Same drift files in every run: net 0.8 and drift > 0 0.8 in both, permutation p = 1.
   EXPECT_NE(c.out.find("| 0.4 | 0.8000 ± 0.0000 | 1 | 0.800 ± 0.000 | 1 |"), std::string::npos) << c.out;
   // The permutation test's known answers: {1,2,3} vs {4,5,6}, 2 of the 20 splits as far apart

@@ -399,8 +399,11 @@ def main():
         sys.exit("repro_summary: error: no run folders (with config.yaml) in " + " ".join(args.studies))
 
     # What varies between the runs (besides the seed) names the configurations.
+    # A key missing from some runs' config.yaml is newer than the binary that trained them:
+    # those runs had its default. It names configurations only if the runs that have it
+    # disagree (a missing value then shows as "-").
     keys = sorted({k for r in runs for k in r["config"]} - IGNORE)
-    varying = [k for k in keys if len({r["config"].get(k) for r in runs}) > 1]
+    varying = [k for k in keys if len({r["config"][k] for r in runs if k in r["config"]}) > 1]
 
     print("| run | seed | steps | explosion | spikes | final loss | val loss | grad norm | sigma growth | "
           "one-signed drift: top head, + steps, p (median) | drift > 0 | ties mean / max |")
@@ -418,7 +421,7 @@ def main():
 
     groups = {}
     for r in runs:
-        groups.setdefault(tuple(r["config"].get(k) for k in varying), []).append(r)
+        groups.setdefault(tuple(r["config"].get(k, "-") for k in varying), []).append(r)
     print()
     label = ", ".join(varying) if varying else "(one configuration)"
     print(f"| {label} | seeds | exploded | final loss | val loss | grad norm | sigma growth | "
