@@ -15,8 +15,9 @@
 //                                             these three roundings only)
 //   O = r_o(O~ / l); o32 = O~ / l in the wide format; lse = m + log l (wide)
 // o_tilde_gain instead sets O~ = u + gain * (r - u), u = alpha * O~ + P~V exact and r the
-// update rounded as above, in the wide format: the update's rounding error times the gain. o_tilde_scope confines either amplifier to the O~ updates of tied key tiles (tied), or to as
-// many untied tiles as there are tied ones in the head's call (untied_matched; the tiles
+// update rounded as above, in the wide format: the update's rounding error times the gain.
+// o_tilde_scope confines either amplifier to the O~ updates of tied key tiles (tied), or to
+// as many untied tiles as there are tied ones in the head's call (untied_matched; the tiles
 // chosen by o_tilde_matched_tiles); the other updates round into accum. tie_break lowers the
 // j-th tied score of a tied tile by j * tie_break inside exp (P~ only).
 // r_s, r_a, r_l, r_p, r_o round to scores, accum, lsum, probs, out (docs/numerics.md states
@@ -318,6 +319,8 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
                                            ? matched_tiles(c, q, kt)
                                            : std::vector<uint8_t>{};
   size_t tile_index = 0;
+  // The tie test runs only where something reads it (plain flash skips it).
+  const bool test_ties = stab || n.o_tilde_scope != OTildeScope::All || n.tie_break > 0;
   std::vector<double> S(c.Tk), P(c.bc), acc(d), pv(d);
   for (int t = 0; t < T; ++t) {
     const int last = c.last_key(t);
@@ -328,7 +331,7 @@ void flash_forward(const Ctx& c, const double* q, const double* kt, const double
       double rm = kNegInf;
       c.score_row(t, q ? q + t * d : nullptr, kt, c0, c1, S.data());
       for (int s = c0; s < c1; ++s) rm = std::max(rm, S[s]);
-      const int ties = tile_ties(S.data() + c0, c1 - c0, rm, c.cfg.tie_tol);
+      const int ties = test_ties ? tile_ties(S.data() + c0, c1 - c0, rm, c.cfg.tie_tol) : 0;
       const bool narrow = o_tilde_narrows(n.o_tilde_scope, ties > 1, matched, tile_index++);
       double mp = rm;
       if (stab) {

@@ -170,6 +170,8 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
                                            ? matched_tiles(h, q)
                                            : std::vector<uint8_t>{};
   size_t tile_index = 0;
+  // The tie test runs only where something reads it (the lab's test_ties).
+  const bool test_ties = stab || n.o_tilde_scope != OTildeScope::All || n.tie_break > 0;
   float* S = scratch(2, h.bc).data();
   float* P = scratch(3, h.bc).data();
   float* acc = scratch(4, d).data();
@@ -183,7 +185,7 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
       h.score_row(q + static_cast<size_t>(t) * d, c0, c1, S);
       double rm = kNegInf;
       for (int i = 0; i < w; ++i) rm = std::max(rm, static_cast<double>(S[i]));
-      const int ties = tile_ties(S, w, rm, h.cfg.tie_tol);
+      const int ties = test_ties ? tile_ties(S, w, rm, h.cfg.tie_tol) : 0;
       const bool narrow = o_tilde_narrows(n.o_tilde_scope, ties > 1, matched, tile_index++);
       double mp = rm;
       if (stab) {
@@ -211,8 +213,8 @@ void flash_forward(const Head& h, const float* q, const float* v, const HeadFast
         const double scaled = alpha * acc[j];
         const float r = r_ot(scaled + r_ot(pv[j], narrow), narrow);
         // o_tilde_gain (the lab's): the update's rounding error times the gain.
-        acc[j] = gain ? static_cast<float>((scaled + pv[j]) + n.o_tilde_gain * (r - (scaled + pv[j])))
-                      : r;
+        const double u = scaled + pv[j];  // the exact update
+        acc[j] = gain ? static_cast<float>(u + n.o_tilde_gain * (r - u)) : r;
       }
       m = m_new;
     }
