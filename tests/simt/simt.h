@@ -126,6 +126,8 @@ struct LaunchTraffic {
   // Calls of the FP32 transcendental functions (expf, logf, tanhf, exp2f) by all threads
   // run, counted only in the kernel sources compiled with tests/simt/count_math.h.
   uint64_t calls_expf = 0, calls_logf = 0, calls_tanhf = 0, calls_exp2f = 0;
+  // Hopper: wgmma warpgroup instructions, their M*N*K summed, bytes moved by TMA copies
+  uint64_t wgmma_insts = 0, wgmma_macs = 0, tma_bytes = 0;
 };
 std::vector<LaunchTraffic>& traffic_log();
 void count_math_call(int which);  // 0 expf, 1 logf, 2 tanhf, 3 exp2f (count_math.h)
@@ -165,6 +167,53 @@ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, 
 void cp_async(uint32_t dst, const void* src, int cp_size, int src_size);
 void cp_async_commit();
 void cp_async_wait(int n);
+
+// ---- Hopper (sm_90a): mbarrier, TMA, wgmma, named barriers (README.md, "Hopper")
+// Stand-in for CUtensorMap (an opaque 128-byte object on the GPU, made on the host by
+// cuTensorMapEncodeTiled): a tiled view of a global tensor of rank 1..3, dimension 0
+// contiguous, with the box a TMA copy moves and the shared-memory swizzle it applies.
+struct TensorMap {
+  static constexpr uint32_t kMagic = 0x544d4150u;  // "TMAP": made by make_tensor_map
+  uint32_t magic = 0;
+  const void* base = nullptr;
+  int rank = 0, elem_bytes = 0;
+  uint64_t dims[3] = {1, 1, 1};
+  uint64_t strides[3] = {0, 0, 0};  // bytes; strides[0] = elem_bytes
+  uint32_t box[3] = {1, 1, 1};
+  int swizzle = 0;                  // bytes: 0 (none), 32, 64 or 128
+};
+// Checks the arguments as cuTensorMapEncodeTiled does (the subset the kernels use: 16-bit
+// elements, OOB fill with zeros, element strides 1); throws std::invalid_argument.
+TensorMap make_tensor_map(const void* base, int rank, int elem_bytes, const uint64_t* dims,
+                          const uint64_t* strides_bytes, const uint32_t* box, int swizzle);
+
+// mbarrier.init / arrive / arrive.expect_tx / try_wait.parity (blocking until the phase of
+// that parity has completed). A barrier lives at an 8-byte-aligned shared address.
+void mbar_init(uint32_t addr, uint32_t count);
+void mbar_arrive(uint32_t addr);
+void mbar_arrive_expect_tx(uint32_t addr, uint32_t bytes);
+void mbar_wait(uint32_t addr, uint32_t parity);
+// cp.async.bulk.tensor.{1,2,3}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes:
+// the box at coords (rank of them) into shared memory at dst, completing on mbar.
+void tma_load(uint32_t dst, const TensorMap* map, const int* coords, uint32_t mbar);
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}: D (64 x N, this warp's 16 rows: the
+// lane's n/2 accumulators in d, mma.m16n8 C-fragment order per 8 columns) = A (64 x 16) B
+// (16 x N) + (scale_d ? D : 0). A from the descriptor da (a_regs null) or from registers
+// (a_regs: the lane's 4 A-fragment registers of its warp's 16 rows); B from db. tnsp_a,
+// tnsp_b: 0 K-major, 1 MN-major (transposed). Asynchronous: it runs at the wgmma.wait_group
+// that retires its group, reading shared memory and the accumulators then.
+void wgmma(float* d, int n, const uint32_t* a_regs, uint64_t da, uint64_t db, bool scale_d,
+           int tnsp_a, int tnsp_b, bool bf16);
+void wgmma_commit();
+void wgmma_wait(int n);
+// bar.sync id, count (wait) / bar.arrive id, count; id 1..15 (0 is __syncthreads').
+void named_barrier(int id, int count, bool wait);
+// setmaxnreg.{inc,dec}.sync.aligned.u32: checks the operand (24..256, a multiple of 8).
+void setmaxnreg(int regs);
+// The byte address the descriptor desc (wgmma's shared-memory matrix descriptor) gives to
+// element (mn, k) of a 16-bit operand, K-major (mn_major false) or MN-major: the layouts
+// of the PTX ISA's "matrix descriptor" section, swizzle included. Exposed for the tests.
+uint32_t wgmma_desc_address(uint64_t desc, bool mn_major, int mn, int k);
 
 // ---- host side of the CUDA runtime
 void set_max_dynamic_smem(const void* kernel, int bytes);
