@@ -47,13 +47,177 @@
 
 namespace st::flash {
 
+// One key tile of the online softmax for the thread's two rows (row_a = g, row_b = g + 8 of
+// its warp's 16; s in the m16n8 C-fragment layout, which is also wgmma's accumulator layout):
+// scale (and round, scores = low), mask, the tile maximum (stabilized: the shifted maximum),
+// alpha, P~ = round_T(exp(S - m_new)) in place of s, the P~ == 1 counts and l. Shared by the
+// mma.sync kernel (below) and the sm_90 kernel (flash_fwd_sm90.cuh), so both round alike.
+template <class T, int NB, bool STAB, bool ACC_LOW>
+__device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], int (&ptilde)[2],
+                                             const FwdParams& p, int kv0, int row_a, int row_b,
+                                             int c, bool need_mask) {
+  using AccT = std::conditional_t<ACC_LOW, T, float>;
+  scale_scores<T, NB>(s, p.scale, p.scores_low);
+  if (need_mask) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = kv0 + nb * 8 + 2 * c + (e & 1);
+        const int row = e < 2 ? row_a : row_b;
+        if (col >= p.T || (p.causal && col > row)) s[nb][e] = -INFINITY;
+      }
+  }
+
+  // ---- online softmax, per row ri (0: row g, 1: row g + 8)
+  float base[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float rm = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) rm = fmaxf(rm, fmaxf(s[nb][2 * ri], s[nb][2 * ri + 1]));
+    rm = quad_max(rm);
+    float mp = rm;
+    if constexpr (STAB) {
+      // Every lane takes part in the shuffles; the condition is applied afterwards.
+      const float thr = __double2float_ru(static_cast<double>(rm) - p.tie_tol);
+      int ties = 0;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) ties += (s[nb][2 * ri] >= thr) + (s[nb][2 * ri + 1] >= thr);
+      ties = quad_sum_int(ties);
+      if (ties > 1 && rm != 0.f && rm > -INFINITY) {
+        const double r = rm;
+        const double shift = r > 0 ? (p.beta - 1.0) * r : -r;
+        mp = round_double<AccT>(r + fmin(shift, p.cap));
+      }
+    }
+    const float mnew = fmaxf(m[ri], mp);
+    base[ri] = mnew == -INFINITY ? 0.f : mnew;
+    float a;
+    if (m[ri] == -INFINITY) {
+      a = 0.f;
+    } else if (mnew == m[ri]) {
+      a = 1.f;
+    } else {
+      a = fexp(__fsub_rn(m[ri], mnew));
+      if constexpr (ACC_LOW) a = round_t<T>(a);
+    }
+    alpha[ri] = a;
+    m[ri] = mnew;
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pr = round_t<T>(fexp(__fsub_rn(s[nb][e], base[e >> 1])));
+      s[nb][e] = pr;
+      rs[e >> 1] = __fadd_rn(rs[e >> 1], pr);
+    }
+  if (p.p_tilde_one) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ptilde[e >> 1] += s[nb][e] == 1.f;
+  }
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    rs[ri] = quad_sum(rs[ri]);
+    if constexpr (ACC_LOW) {
+      l[ri] = add_round<T>(__fmul_rn(alpha[ri], l[ri]), rs[ri]);
+    } else {
+      l[ri] = __fmaf_rn(alpha[ri], l[ri], rs[ri]);
+    }
+  }
+}
+
+// O~ *= alpha per row (FP32 mode, FA2 order: before the tile's P~V accumulates into it).
+template <int ON>
+__device__ __forceinline__ void scale_acc(float (&acc)[ON][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int nb = 0; nb < ON; ++nb) {
+    acc[nb][0] = __fmul_rn(acc[nb][0], alpha[0]);
+    acc[nb][1] = __fmul_rn(acc[nb][1], alpha[0]);
+    acc[nb][2] = __fmul_rn(acc[nb][2], alpha[1]);
+    acc[nb][3] = __fmul_rn(acc[nb][3], alpha[1]);
+  }
+}
+// ACC_LOW: O~ = round_T(alpha * O~ + round_T(pv)), pv the tile's P~V formed from zero.
+template <class T, int ON>
+__device__ __forceinline__ void merge_pv_low(uint32_t (&acl)[ON][2], const float (&alpha)[2],
+                                             const float (&pv)[ON][4]) {
+#pragma unroll
+  for (int nb = 0; nb < ON; ++nb)
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const float2 o = unpack2<T>(acl[nb][ri]);
+      const float n0 = add_round<T>(__fmul_rn(alpha[ri], o.x), round_t<T>(pv[nb][2 * ri]));
+      const float n1 = add_round<T>(__fmul_rn(alpha[ri], o.y), round_t<T>(pv[nb][2 * ri + 1]));
+      acl[nb][ri] = pack2<T>(n0, n1);
+    }
+}
+
+// The end of the rows: O = round_T(O~ / l) (and o32 / o_lo), lse = m + log(l), the P~ == 1
+// counts; acc (FP32 O~) or acl (ACC_LOW: packed T pairs) in the C-fragment layout.
+template <class T, int HD, bool ACC_LOW>
+__device__ __forceinline__ void store_rows(const FwdParams& p, const float (&acc)[HD / 8][4],
+                                           const uint32_t (&acl)[HD / 8][2], const float (&m)[2],
+                                           const float (&l)[2], int (&ptilde)[2], int row_a,
+                                           int row_b, int bh, int c) {
+  constexpr int ON = HD / 8;
+  const int T_ = p.T, b = bh / p.NH, h = bh % p.NH;
+  const int64_t C = static_cast<int64_t>(p.NH) * HD;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) ptilde[ri] = quad_sum_int(ptilde[ri]);
+  T* gout = static_cast<T*>(p.out) + static_cast<int64_t>(b) * T_ * C + h * HD;
+  T* glo = p.o_lo ? static_cast<T*>(p.o_lo) + static_cast<int64_t>(b) * T_ * C + h * HD : nullptr;
+  float* g32 = p.o32 ? p.o32 + static_cast<int64_t>(b) * T_ * C + h * HD : nullptr;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int row = ri ? row_b : row_a;
+    if (row >= T_) continue;
+    const float L = l[ri];
+    const int64_t off = static_cast<int64_t>(row) * C + 2 * c;
+#pragma unroll
+    for (int nb = 0; nb < ON; ++nb) {
+      float v0, v1;
+      if constexpr (ACC_LOW) {
+        const float2 o = unpack2<T>(acl[nb][ri]);
+        v0 = o.x;
+        v1 = o.y;
+      } else {
+        v0 = acc[nb][2 * ri];
+        v1 = acc[nb][2 * ri + 1];
+      }
+      const float h0 = div_round<T>(v0, L), h1 = div_round<T>(v1, L);  // the stored O
+      *reinterpret_cast<uint32_t*>(gout + off + nb * 8) = pack2<T>(h0, h1);
+      if (g32 || glo) {
+        const float f0 = __fdiv_rn(v0, L), f1 = __fdiv_rn(v1, L);
+        if (g32) *reinterpret_cast<float2*>(g32 + off + nb * 8) = make_float2(f0, f1);
+        if (glo) {
+          // The residual of the stored O against the FP32 O: f - h is exact in FP32 (h is
+          // f's value rounded to T, within a factor 2 of f: Sterbenz), then rounded once.
+          *reinterpret_cast<uint32_t*>(glo + off + nb * 8) =
+              pack2<T>(__fsub_rn(f0, h0), __fsub_rn(f1, h1));
+        }
+      }
+    }
+    if (c == 0) {
+      const int64_t r = static_cast<int64_t>(bh) * T_ + row;
+      // m + log(l) in FP64, rounded once to FP32 (as the CPU; one FP64 log per row).
+      p.lse[r] = __double2float_rn(static_cast<double>(m[ri]) + log(static_cast<double>(L)));
+      if (p.p_tilde_one) p.p_tilde_one[r] = ptilde[ri];
+    }
+  }
+}
+
 template <class T, int HD, int BR, int BC, bool STAB, bool ACC_LOW>
 __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
   constexpr int NT = BR * 2;  // BR / 16 warps
   constexpr int P = kPitch<HD>;
   constexpr int NB = BC / 8;  // S n-blocks per warp
   constexpr int ON = HD / 8;  // O n-blocks per warp
-  using AccT = std::conditional_t<ACC_LOW, T, float>;
   ST_SHARED_DYNAMIC(unsigned char, smem, 128);
   const uint32_t sQ = smem_addr(smem);
   const uint32_t sK = sQ + BR * P * 2;      // 2 stages of BC rows
@@ -118,78 +282,8 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
     gemm_abt_reg<T, HD, NB>(s, qf, sK + st * kStage, 0, lane);
     const int kv0 = j * BC;
     const bool need_mask = kv0 + BC > T_ || (p.causal && kv0 + BC - 1 > q0);
-    scale_scores<T, NB>(s, p.scale, p.scores_low);
-    if (need_mask) {
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = kv0 + nb * 8 + 2 * c + (e & 1);
-          const int row = e < 2 ? row_a : row_b;
-          if (col >= T_ || (p.causal && col > row)) s[nb][e] = -INFINITY;
-        }
-    }
-
-    // ---- online softmax, per row ri (0: row g, 1: row g + 8)
-    float base[2], alpha[2];
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      float rm = -INFINITY;
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) rm = fmaxf(rm, fmaxf(s[nb][2 * ri], s[nb][2 * ri + 1]));
-      rm = quad_max(rm);
-      float mp = rm;
-      if constexpr (STAB) {
-        // Every lane takes part in the shuffles; the condition is applied afterwards.
-        const float thr = __double2float_ru(static_cast<double>(rm) - p.tie_tol);
-        int ties = 0;
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) ties += (s[nb][2 * ri] >= thr) + (s[nb][2 * ri + 1] >= thr);
-        ties = quad_sum_int(ties);
-        if (ties > 1 && rm != 0.f && rm > -INFINITY) {
-          const double r = rm;
-          const double shift = r > 0 ? (p.beta - 1.0) * r : -r;
-          mp = round_double<AccT>(r + fmin(shift, p.cap));
-        }
-      }
-      const float mnew = fmaxf(m[ri], mp);
-      base[ri] = mnew == -INFINITY ? 0.f : mnew;
-      float a;
-      if (m[ri] == -INFINITY) {
-        a = 0.f;
-      } else if (mnew == m[ri]) {
-        a = 1.f;
-      } else {
-        a = fexp(__fsub_rn(m[ri], mnew));
-        if constexpr (ACC_LOW) a = round_t<T>(a);
-      }
-      alpha[ri] = a;
-      m[ri] = mnew;
-    }
-    float rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pr = round_t<T>(fexp(__fsub_rn(s[nb][e], base[e >> 1])));
-        s[nb][e] = pr;
-        rs[e >> 1] = __fadd_rn(rs[e >> 1], pr);
-      }
-    if (p.p_tilde_one) {
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ptilde[e >> 1] += s[nb][e] == 1.f;
-    }
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      rs[ri] = quad_sum(rs[ri]);
-      if constexpr (ACC_LOW) {
-        l[ri] = add_round<T>(__fmul_rn(alpha[ri], l[ri]), rs[ri]);
-      } else {
-        l[ri] = __fmaf_rn(alpha[ri], l[ri], rs[ri]);
-      }
-    }
+    float alpha[2];
+    softmax_tile<T, NB, STAB, ACC_LOW>(s, m, l, alpha, ptilde, p, kv0, row_a, row_b, c, need_mask);
     uint32_t pa[BC / 16][4];
     c_to_a<T, NB>(pa, s);
 
@@ -197,75 +291,19 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
     cp_async_wait<2>();
     __syncthreads();
     if constexpr (!ACC_LOW) {
-#pragma unroll
-      for (int nb = 0; nb < ON; ++nb) {
-        acc[nb][0] = __fmul_rn(acc[nb][0], alpha[0]);
-        acc[nb][1] = __fmul_rn(acc[nb][1], alpha[0]);
-        acc[nb][2] = __fmul_rn(acc[nb][2], alpha[1]);
-        acc[nb][3] = __fmul_rn(acc[nb][3], alpha[1]);
-      }
+      scale_acc<ON>(acc, alpha);
       gemm_pv<T, HD, BC>(acc, pa, sV + st * kStage, 0, lane);
     } else {
       float pv[ON][4];
 #pragma unroll
       for (int nb = 0; nb < ON; ++nb) pv[nb][0] = pv[nb][1] = pv[nb][2] = pv[nb][3] = 0.f;
       gemm_pv<T, HD, BC>(pv, pa, sV + st * kStage, 0, lane);
-#pragma unroll
-      for (int nb = 0; nb < ON; ++nb)
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-          const float2 o = unpack2<T>(acl[nb][ri]);
-          const float n0 = add_round<T>(__fmul_rn(alpha[ri], o.x), round_t<T>(pv[nb][2 * ri]));
-          const float n1 = add_round<T>(__fmul_rn(alpha[ri], o.y), round_t<T>(pv[nb][2 * ri + 1]));
-          acl[nb][ri] = pack2<T>(n0, n1);
-        }
+      merge_pv_low<T, ON>(acl, alpha, pv);
     }
     __syncthreads();  // stage st is refilled in the next iteration
   }
 
-  // ---- epilogue: O, o32 / o_lo, lse, p_tilde_one
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) ptilde[ri] = quad_sum_int(ptilde[ri]);
-  T* gout = static_cast<T*>(p.out) + static_cast<int64_t>(b) * T_ * C + h * HD;
-  T* glo = p.o_lo ? static_cast<T*>(p.o_lo) + static_cast<int64_t>(b) * T_ * C + h * HD : nullptr;
-  float* g32 = p.o32 ? p.o32 + static_cast<int64_t>(b) * T_ * C + h * HD : nullptr;
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int row = ri ? row_b : row_a;
-    if (row >= T_) continue;
-    const float L = l[ri];
-    const int64_t off = static_cast<int64_t>(row) * C + 2 * c;
-#pragma unroll
-    for (int nb = 0; nb < ON; ++nb) {
-      float v0, v1;
-      if constexpr (ACC_LOW) {
-        const float2 o = unpack2<T>(acl[nb][ri]);
-        v0 = o.x;
-        v1 = o.y;
-      } else {
-        v0 = acc[nb][2 * ri];
-        v1 = acc[nb][2 * ri + 1];
-      }
-      const float h0 = div_round<T>(v0, L), h1 = div_round<T>(v1, L);  // the stored O
-      *reinterpret_cast<uint32_t*>(gout + off + nb * 8) = pack2<T>(h0, h1);
-      if (g32 || glo) {
-        const float f0 = __fdiv_rn(v0, L), f1 = __fdiv_rn(v1, L);
-        if (g32) *reinterpret_cast<float2*>(g32 + off + nb * 8) = make_float2(f0, f1);
-        if (glo) {
-          // The residual of the stored O against the FP32 O: f - h is exact in FP32 (h is
-          // f's value rounded to T, within a factor 2 of f: Sterbenz), then rounded once.
-          *reinterpret_cast<uint32_t*>(glo + off + nb * 8) =
-              pack2<T>(__fsub_rn(f0, h0), __fsub_rn(f1, h1));
-        }
-      }
-    }
-    if (c == 0) {
-      const int64_t r = static_cast<int64_t>(bh) * T_ + row;
-      // m + log(l) in FP64, rounded once to FP32 (as the CPU; one FP64 log per row).
-      p.lse[r] = __double2float_rn(static_cast<double>(m[ri]) + log(static_cast<double>(L)));
-      if (p.p_tilde_one) p.p_tilde_one[r] = ptilde[ri];
-    }
-  }
+  store_rows<T, HD, ACC_LOW>(p, acc, acl, m, l, ptilde, row_a, row_b, bh, c);
 }
 
 template <class T, int HD, int BR, int BC, bool STAB, bool ACC_LOW>
