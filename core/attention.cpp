@@ -33,6 +33,14 @@ TieShift parse_tie_shift(const std::string& s) {
 
 const char* tie_shift_name(TieShift t) { return t == TieShift::Beta ? "beta" : "exact_sum"; }
 
+FlashKernel parse_flash_kernel(const std::string& s) {
+  if (s == "mma_sync") return FlashKernel::MmaSync;
+  if (s == "sm90") return FlashKernel::Sm90;
+  fail("unknown flash kernel '", s, "' (expected mma_sync or sm90)");
+}
+
+const char* flash_kernel_name(FlashKernel k) { return k == FlashKernel::Sm90 ? "sm90" : "mma_sync"; }
+
 AttnNumerics AttentionConfig::numerics(DType compute, int head) const {
   AttnNumerics n = numerics_for_rule(rule, compute, kind != AttentionKind::Baseline);
   if (qkv) n.qkv = *qkv;

@@ -31,6 +31,12 @@ enum class TieShift {
              // more ties a BF16 l = ties * p otherwise rounds, biasing O (docs/numerics.md)
 };
 TieShift parse_tie_shift(const std::string& s);  // beta | exact_sum
+// The CUDA flash forward kernel: mma_sync (cuda/flash_fwd.cuh, sm_80 and later) or sm90
+// (cuda/flash_fwd_sm90.cuh: TMA, wgmma, warp-specialised; Hopper only, tiles (128, 128)).
+// The CPU backend has one implementation and ignores the choice.
+enum class FlashKernel { MmaSync, Sm90 };
+FlashKernel parse_flash_kernel(const std::string& s);  // mma_sync | sm90
+const char* flash_kernel_name(FlashKernel k);
 const char* tie_shift_name(TieShift t);
 AttentionKind parse_attention_kind(const std::string& s);  // baseline|flash|stabilized_flash|cudnn
 const char* attention_kind_name(AttentionKind k);
@@ -60,6 +66,7 @@ struct AttentionConfig {
   // 0 picks ln(1/min_normal(probs)) / 2 (see attention/head_cpu.cpp).
   double beta = 2.0, tie_tol = 1e-3, max_shift = 0.0;
   TieShift tie_shift = TieShift::Beta;
+  FlashKernel cuda_kernel = FlashKernel::MmaSync;  // CUDA only
   std::vector<int> fp32_out_heads;  // heads of this layer whose stored O is FP32
   bool collect_stats = false;       // fill Attention::stats() in forward
 

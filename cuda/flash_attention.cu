@@ -59,6 +59,19 @@ class FlashAttentionCuda : public Attention {
       fail("attention.block_q = ", cfg.block_q, ", attention.block_k = ", cfg.block_k,
            " is not supported by the CUDA flash kernels (supported (block_q, block_k): ",
            flash::kFwdTilesText, ")");
+    if (cfg.cuda_kernel == FlashKernel::Sm90) {
+      int major = 0, minor = 0;
+      ST_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                           be.device_index()));
+      ST_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+                                           be.device_index()));
+      if (major != 9 || minor != 0)
+        fail("attention.cuda_kernel = sm90 needs a Hopper GPU (compute capability 9.0; this is ",
+             major, ".", minor, "): use attention.cuda_kernel: mma_sync");
+      if (cfg.block_q != 128 || cfg.block_k != 128)
+        fail("attention.cuda_kernel = sm90 needs attention.block_q = 128 and attention.block_k = "
+             "128 (got ", cfg.block_q, ", ", cfg.block_k, ")");
+    }
     if (cfg.rule != RoundingRule::Gpu)
       fail("attention.rule = ", rounding_rule_name(cfg.rule),
            " is CPU only (the CUDA flash kernels implement rule gpu, with the attention.scores "

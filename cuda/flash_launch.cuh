@@ -54,6 +54,11 @@ struct BwdParams {
 void fwd_bf16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s);
 void fwd_f16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s);
 
+// Forward on Hopper (sm_90a: TMA, wgmma, warp-specialised; flash_fwd_sm90.cuh): tiles
+// (128, 128), head sizes 64 and 128, the same parameters and the same numerics as fwd_*.
+void fwd_sm90_bf16(const FwdParams& p, bool stab, bool acc_low, cudaStream_t s);
+void fwd_sm90_f16(const FwdParams& p, bool stab, bool acc_low, cudaStream_t s);
+
 // Backward: dK/dV kernel and dQ kernel (deterministic, no atomics). delta must be filled.
 void bwd_bf16(const BwdParams& p, bool acc_low, cudaStream_t s);
 void bwd_f16(const BwdParams& p, bool acc_low, cudaStream_t s);

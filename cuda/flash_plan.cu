@@ -72,6 +72,17 @@ void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, c
   p.cap = stabilized_max_shift(cfg, n.probs);
   const bool stab = cfg.kind == AttentionKind::StabilizedFlash;
   const bool acc_low = n.accum != DType::F32;
+  if (cfg.cuda_kernel == FlashKernel::Sm90) {
+    if (cfg.block_q != 128 || cfg.block_k != 128)
+      fail("attention.cuda_kernel = sm90 needs attention.block_q = 128 and attention.block_k = "
+           "128 (got ", cfg.block_q, ", ", cfg.block_k, "): its tiles are fixed, and block_k "
+           "sets where the low-precision accumulator rounds");
+    if (fmt == DType::BF16)
+      fwd_sm90_bf16(p, stab, acc_low, s);
+    else
+      fwd_sm90_f16(p, stab, acc_low, s);
+    return;
+  }
   if (fmt == DType::BF16)
     fwd_bf16(p, cfg.block_q, cfg.block_k, stab, acc_low, s);
   else

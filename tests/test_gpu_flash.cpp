@@ -603,6 +603,46 @@ TEST_F(GpuFlash, Deterministic) {
       }
 }
 
+// ---- the sm_90 forward kernel (attention.cuda_kernel: sm90; Hopper only)
+
+// The Hopper kernel (TMA, wgmma, warp specialisation) against the CPU lab with the
+// mma.sync kernel's tolerances, the same for its backward (the mma.sync one, fed its O and
+// lse), run-to-run bit-identity, and the figure of how far it lies from the mma.sync kernel
+// at the same tiles (on the emulator they are bit-identical; on a GPU the tensor cores'
+// summation inside a K = 16 step may differ between mma.sync and wgmma: printed, not
+// asserted beyond the CPU tolerances). Fails on a GPU that is not compute capability 9.0.
+TEST_F(GpuFlash, Sm90KernelParity) {
+  struct Case {
+    Dims d;
+    bool causal;
+  };
+  const std::vector<Case> cases = {
+      {{1, 1, 2, 64}, true},    {{2, 200, 3, 64}, false}, {{1, 1000, 2, 64}, true},
+      {{1, 77, 2, 128}, true},  {{2, 300, 2, 128}, false}, {{1, 1000, 1, 128}, true},
+  };
+  uint64_t seed = 700;
+  for (DType fmt : {DType::BF16, DType::F16})
+    for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::StabilizedFlash})
+      for (bool acc_low : {false, true})
+        for (const Case& cs : cases) {
+          AttentionConfig cfg = flash_cfg(kind, cs.causal, 128, 128);
+          if (acc_low) cfg.accum = fmt;
+          const Inputs in = random_inputs(cs.d, fmt, ++seed);
+          AttentionConfig hop = cfg;
+          hop.cuda_kernel = FlashKernel::Sm90;
+          const std::string name = "sm90_" + case_name(cfg, cs.d, fmt) + (acc_low ? "_acclow" : "");
+          SCOPED_TRACE(name);
+          const Outputs g = run_gpu(hop, in, fmt), g2 = run_gpu(hop, in, fmt);
+          const Outputs m = run_gpu(cfg, in, fmt, false), c = run_cpu(cfg, in, fmt);
+          expect_parity(name, g, c, fmt, acc_low ? 16 : 8);
+          EXPECT_EQ(std::memcmp(g.out.raw(), g2.out.raw(), g.out.nbytes()), 0) << "O run to run";
+          EXPECT_EQ(std::memcmp(g.dqkv.raw(), g2.dqkv.raw(), g.dqkv.nbytes()), 0) << "dqkv run to run";
+          const Err e = compare(values(g.out), values(m.out));
+          std::printf("sm90 vs mma_sync %s O max_abs=%.3e identical=%s\n", name.c_str(), e.max_abs,
+                      std::memcmp(g.out.raw(), m.out.raw(), g.out.nbytes()) == 0 ? "yes" : "no");
+        }
+}
+
 // ---- statistics
 
 // Scores chosen exactly (the hi/lo construction above, any row): S[b][h][t][s] = x_s of the

@@ -49,7 +49,9 @@ namespace {
 struct AttnBenchArgs {
   std::string ds = "64,128";
   std::string Ts = "1024,2048,4096,8192,16384";
-  std::string methods = "flash,stabilized_flash,cudnn,baseline";
+  // A method ending in _sm90 runs the Hopper forward kernel (attention.cuda_kernel: sm90,
+  // tiles 128x128) with the mma.sync backward.
+  std::string methods = "flash,stabilized_flash,flash_sm90,stabilized_flash_sm90,cudnn,baseline";
   std::string tiles = "auto";  // auto: d 64 -> 128x128, d 128 -> 128x64; or e.g. 64x64
   std::string dtype = "bf16";
   int tokens = 16384, width = 2048;
@@ -85,6 +87,21 @@ void tiles_for(const AttnBenchArgs& a, int d, int& bq, int& bk) {
   ST_CHECK(x != std::string::npos, "bench attention: --tiles must be auto or QxK, got ", a.tiles);
   bq = std::stoi(a.tiles.substr(0, x));
   bk = std::stoi(a.tiles.substr(x + 1));
+}
+
+// A method's configuration: an attention kind, or a flash kind + "_sm90" (the Hopper forward
+// kernel, attention.cuda_kernel: sm90, tiles 128x128).
+AttentionConfig method_config(const std::string& m, bool* sm90_out = nullptr) {
+  AttentionConfig cfg;
+  const bool sm90 = m.size() > 5 && m.compare(m.size() - 5, 5, "_sm90") == 0;
+  cfg.kind = parse_attention_kind(sm90 ? m.substr(0, m.size() - 5) : m);
+  cfg.causal = true;
+  if (sm90) {
+    cfg.cuda_kernel = FlashKernel::Sm90;
+    cfg.block_q = cfg.block_k = 128;
+  }
+  if (sm90_out) *sm90_out = sm90;
+  return cfg;
 }
 
 double fwd_flops(int B, int T, int H, int d, bool causal) {
@@ -326,9 +343,7 @@ void deviation_table(Backend& be, const AttnBenchArgs& a, DType fmt,
     row(std::string("cpu baseline ") + dtype_name(fmt), run_cpu(fmt));
     for (const std::string& m : methods) {
       try {
-        AttentionConfig cfg;
-        cfg.kind = parse_attention_kind(m);
-        cfg.causal = true;
+        const AttentionConfig cfg = method_config(m);
         auto attn = be.make_attention(cfg);
         Tensor dq = be.alloc(qkv.shape(), fmt), dg = be.alloc(dout.shape(), fmt);
         be.copy(dq, qkv);
@@ -399,11 +414,12 @@ int run_attention_bench(const AttnBenchArgs& a) {
       p.lse = be->alloc({B, H, T}, DType::F32);
       p.dqkv = be->alloc({B, T, 3 * a.width}, fmt);
       for (const std::string& m : methods) {
-        AttentionConfig cfg;
-        cfg.kind = parse_attention_kind(m);
-        cfg.causal = true;
+        bool sm90 = false;
+        AttentionConfig cfg = method_config(m, &sm90);
         std::string tiles = "-";
-        if (cfg.kind == AttentionKind::Cudnn) {
+        if (sm90) {
+          tiles = "128x128";
+        } else if (cfg.kind == AttentionKind::Cudnn) {
           tiles = "cuDNN's";
         } else if (cfg.kind != AttentionKind::Baseline) {
           tiles_for(a, d, cfg.block_q, cfg.block_k);
@@ -444,12 +460,25 @@ int run_attention_bench(const AttnBenchArgs& a) {
   // 2. stabilized / flash
   std::printf("\n## Stabilized flash / flash time ratio (1.00 = no cost)\n\n");
   std::printf("| d | T | fwd | bwd | fwd+bwd |\n|---|---|---|---|---|\n");
-  for (const Row& s : rows) {
-    if (s.method != "stabilized_flash" || !s.t.ok) continue;
+  for (const char* kernel : {"", "_sm90"}) {
+    for (const Row& s : rows) {
+      if (s.method != std::string("stabilized_flash") + kernel || !s.t.ok) continue;
+      for (const Row& f : rows)
+        if (f.method == std::string("flash") + kernel && f.d == s.d && f.T == s.T && f.t.ok)
+          std::printf("| %d | %d%s | %.3f | %.3f | %.3f |\n", s.d, s.T, kernel, s.t.fwd / f.t.fwd,
+                      s.t.bwd / f.t.bwd, s.t.both / f.t.both);
+    }
+  }
+  // sm_90 forward kernel / mma.sync forward kernel (same numerics; < 1 = faster)
+  std::printf("\n## sm_90 kernel / mma.sync kernel time ratio (forward; < 1.00 = faster)\n\n");
+  std::printf("| d | T | method | fwd | fwd+bwd |\n|---|---|---|---|---|\n");
+  for (const Row& h : rows) {
+    const size_t n = h.method.size();
+    if (n <= 5 || h.method.compare(n - 5, 5, "_sm90") != 0 || !h.t.ok) continue;
     for (const Row& f : rows)
-      if (f.method == "flash" && f.d == s.d && f.T == s.T && f.t.ok)
-        std::printf("| %d | %d | %.3f | %.3f | %.3f |\n", s.d, s.T, s.t.fwd / f.t.fwd,
-                    s.t.bwd / f.t.bwd, s.t.both / f.t.both);
+      if (f.method == h.method.substr(0, n - 5) && f.d == h.d && f.T == h.T && f.t.ok)
+        std::printf("| %d | %d | %s | %.3f | %.3f |\n", h.d, h.T, f.method.c_str(),
+                    h.t.fwd / f.t.fwd, h.t.both / f.t.both);
   }
   // 3. memory
   if (a.memory) {
@@ -560,7 +589,9 @@ CLI::App* add_attention_bench(CLI::App& app, int& rc) {
       "attention", "CUDA attention TFLOP/s, memory, delta-mode accuracy and deviation from FP64");
   sub->add_option("--d", args->ds, "head dims, comma-separated")->capture_default_str();
   sub->add_option("--T", args->Ts, "sequence lengths, comma-separated")->capture_default_str();
-  sub->add_option("--methods", args->methods, "flash,stabilized_flash,cudnn,baseline")->capture_default_str();
+  sub->add_option("--methods", args->methods,
+                  "flash,stabilized_flash,flash_sm90,stabilized_flash_sm90,cudnn,baseline")
+      ->capture_default_str();
   sub->add_option("--tiles", args->tiles, "flash tiles: auto (d 64: 128x128, d 128: 128x64) or QxK")
       ->capture_default_str();
   sub->add_option("--dtype", args->dtype, "bf16 | fp16")->capture_default_str();

@@ -168,7 +168,8 @@ def main():
               "fwd+bwd ours | fwd+bwd torch | ratio |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         shapes = sorted({(d, T) for (_, d, T) in results})
-        pairs = [(m, b) for m in ("flash", "stabilized_flash") for b in backends]
+        pairs = [(m, b) for m in ("flash", "stabilized_flash", "flash_sm90", "stabilized_flash_sm90")
+                 for b in backends]
         pairs += [("cudnn", b) for b in sorted(backends, key=lambda b: b != "cudnn")]
         for d, T in shapes:
             for method, backend in pairs:

@@ -98,6 +98,7 @@ struct AttentionSection {
   int block_q = 64, block_k = 64;  // flash tiles; 0: one tile per row
   double beta = 2.0, tie_tol = 1e-3, max_shift = 0.0;
   std::string tie_shift = "beta";  // beta | exact_sum (core/attention.h)
+  std::string cuda_kernel = "mma_sync";  // mma_sync | sm90 (core/attention.h FlashKernel)
   std::string layer_backends;  // "2:flash,5:stabilized_flash": backend for listed layers
   std::string fp32_out_heads;  // "2.8,2.3": layer.head pairs whose stored O is FP32
 };

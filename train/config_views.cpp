@@ -70,6 +70,7 @@ std::vector<AttentionConfig> attention_configs(const Config& c, const std::strin
   base.tie_tol = a.tie_tol;
   base.max_shift = a.max_shift;
   base.tie_shift = parse_tie_shift(a.tie_shift);
+  base.cuda_kernel = parse_flash_kernel(a.cuda_kernel);
   std::vector<AttentionConfig> layers(c.model.n_layer, base);
   const std::string lb = where + "attention.layer_backends";
   for (const std::string& item : split(a.layer_backends, ',')) {
