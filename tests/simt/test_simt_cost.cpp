@@ -406,3 +406,100 @@ TEST(CostModel, TheFitRecoversTheParametersRowsWereMadeWith) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- the compute model (issue 43)
+
+namespace compute {
+
+TEST(ComputeModel, OccupancyFromRegisters) {
+  const st::cost::Gpu g;
+  // 191 registers: 191 x 32 = 6112 -> 6144 per warp; 8 warps = 49152 of 65536: one block
+  EXPECT_EQ(st::cost::blocks_per_sm_regs(g, 256, 92160, 191), 1);
+  // 128 registers: 4096 per warp, 32768 per block: two (shared memory allows 2 as well)
+  EXPECT_EQ(st::cost::blocks_per_sm_regs(g, 256, 92160, 128), 2);
+  // 64 registers, no shared memory: 4 by registers (16384 per block), 8 by threads
+  EXPECT_EQ(st::cost::blocks_per_sm_regs(g, 256, 0, 64), 4);
+  // registers unknown: threads and shared memory alone
+  EXPECT_EQ(st::cost::blocks_per_sm_regs(g, 256, 0, 0), 8);
+}
+
+simt::LaunchTraffic::BlockCounts block(unsigned y, uint64_t mma) {
+  simt::LaunchTraffic::BlockCounts b{};
+  b.idx = uint3{0, y, 0};
+  b.mma_sync = mma;
+  return b;
+}
+
+st::cost::ComputeParams bare() {  // the tensor pipe alone, no fixed costs
+  st::cost::ComputeParams p;
+  p.e_tensor = 1;
+  p.alu_per_exp = p.alu_per_mma = 0;
+  p.overlap = 0;
+  p.barrier_clk = p.block_clk = 0;
+  p.t_launch_us = 0;
+  return p;
+}
+
+TEST(ComputeModel, HandWorkedPipesAndWaves) {
+  // 264 average blocks of 256 threads at 255 registers (1 per SM: 2 waves on 132 SMs),
+  // 1000 mma.sync each: 1000 x 4096 FLOP / (4096 x 2/3 per clock) = 1500 clocks a block
+  simt::LaunchTraffic l;
+  l.blocks_total = 264;
+  l.blocks_run = 2;
+  l.threads_per_block = 256;
+  l.mma_sync = 2000;
+  const st::cost::Gpu g;
+  st::cost::ComputeParams p = bare();
+  auto k = st::cost::predict_attention_kernel(l, g, p, 255);
+  EXPECT_EQ(k.blocks_per_sm, 1);
+  EXPECT_NEAR(k.makespan_us, 3000 / 1980.0, 1e-9);
+  EXPECT_NEAR(k.imbalance, 1.0, 1e-12);
+  EXPECT_STREQ(k.bound, "tensor");
+  // + 16000 ex2 per block: MUFU 16000 / 16 = 1000 clocks; ALU 8 per ex2: 1000 clocks;
+  // overlap 0.5: 1500 + 0.5 x 2000 = 2500 clocks a block
+  l.calls_exp2f = 32000;
+  p.alu_per_exp = 8;
+  p.overlap = 0.5;
+  k = st::cost::predict_attention_kernel(l, g, p, 255);
+  EXPECT_NEAR(k.makespan_us, 5000 / 1980.0, 1e-9);
+  // a barrier stall of 10 clocks x 3 barriers per block and 200 clocks per block
+  l.barriers = 6;
+  p.barrier_clk = 10;
+  p.block_clk = 200;
+  p.t_launch_us = 2;
+  k = st::cost::predict_attention_kernel(l, g, p, 255);
+  EXPECT_NEAR(k.t, 2 + 2 * (2500 + 30 + 200) / 1980.0, 1e-9);
+}
+
+TEST(ComputeModel, UnequalBlocksAreInterpolatedOverYAndScheduled) {
+  // 2 SMs; grid (2, 4); the blocks run are y = 0 (400 mma.sync: 600 clocks) and y = 2 (200:
+  // 300 clocks); y = 1 is interpolated (450), y = 3 extrapolated (150). Launch order: both
+  // y = 0 blocks, then y = 1, ...: each SM runs one block of each y: 1500 clocks.
+  st::cost::Gpu g;
+  g.sms = 2;
+  simt::LaunchTraffic l;
+  l.grid = uint3{2, 4, 1};
+  l.blocks_total = 8;
+  l.blocks_run = 2;
+  l.threads_per_block = 1024;  // 1 block per SM (threads)
+  l.blocks = {block(0, 400), block(2, 200)};
+  l.mma_sync = 600;
+  auto k = st::cost::predict_attention_kernel(l, g, bare(), 0);
+  EXPECT_EQ(k.blocks_per_sm, 2);  // 2048 threads: two blocks of 1024 share an SM
+  // two slots per SM share its pipes: each block takes twice its time; 4 slots, 8 blocks:
+  // slots get (1200, 1200, 900, 900) after y 0, 1, then y 2 (600) goes to the two 900s ...
+  // equal total work per SM pair: makespan = (2 x (600 + 450 + 300 + 150) x 2) / 4 = 1500
+  EXPECT_NEAR(k.makespan_us, 1500 / 1980.0, 1e-9);
+  // three equal blocks on two SMs (1 slot each): 600, 600, then 1200
+  simt::LaunchTraffic e;
+  e.grid = uint3{1, 3, 1};
+  e.blocks_total = e.blocks_run = 3;
+  e.threads_per_block = 2048 / 2 + 32;  // 1056 threads: one block per SM
+  e.blocks = {block(0, 400), block(1, 400), block(2, 400)};
+  k = st::cost::predict_attention_kernel(e, g, bare(), 0);
+  EXPECT_EQ(k.blocks_per_sm, 1);
+  EXPECT_NEAR(k.makespan_us, 1200 / 1980.0, 1e-9);
+  EXPECT_NEAR(k.imbalance, 1200 / 900.0, 1e-12);
+}
+
+}  // namespace compute
