@@ -205,8 +205,8 @@ struct ComputeRow {
 };
 double predict_compute_row(const ComputeRow& r, const Gpu& g, const ComputeParams& p);
 
-// The parameters fitted by simt_attention_cost on 2026-11-29 to the H200 attention table of
-// 2026-11-28 (flash and stabilized_flash, forward and backward, 10 shapes).
+// The parameters fitted by simt_attention_cost --refit on 2026-11-29 to the H200 attention
+// table of 2026-11-28 (flash, stabilized_flash and baseline; forward and backward; 10 shapes).
 ComputeParams h200_attention_calibration();
 
 // Fits e_tensor, alu_per_exp, alu_per_mma, overlap, barrier_clk, block_clk (the flash rows)
