@@ -98,6 +98,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // uses the host's exp2f (correctly rounded or nearly so) with the same flush, so emulated
 // flash results may differ from a GPU's in the last bits (never at 0 -> 1 or -inf -> 0).
 __device__ __forceinline__ float ex2_approx(float x) {
+  ::simt::count_math_call(3);  // MUFU.EX2: counted as exp2f (LaunchTraffic::calls_exp2f)
   if (std::isnan(x)) return x;
   const float ftz_x = std::fpclassify(x) == FP_SUBNORMAL ? 0.0f : x;
   const float y = std::exp2(ftz_x);

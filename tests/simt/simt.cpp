@@ -113,6 +113,12 @@ struct Fiber {
   bool wg_rs = false, wg_scale_d = false;
   int nbar = -1;
   uint32_t mbar = 0, mbar_parity = 0;
+  // ---- compute-side counts (issue 43): the thread's last shared access, which the next one
+  // may extend (as last_end does for global ones; see record_shared)
+  uint64_t sh_last_end = 0;
+  bool sh_last_valid = false, sh_last_write = false;
+  uintptr_t sh_last_pc = 0;
+  uint32_t sh_last_occ = 0;
 };
 
 // One warp's share of a wgmma (its 16 rows of D), as issued.
@@ -191,6 +197,9 @@ struct Runtime {
   std::unordered_set<uint64_t> rd_set, wr_set;                       // this launch's sectors
   std::unordered_set<uint64_t> blk_rd;                               // this block's reads
   uint64_t math_calls[4] = {};
+  // ---- compute-side counts (issue 43): this block's generic shared requests (4-byte words)
+  std::unordered_map<ReqKey, std::vector<uint32_t>, ReqHash> sreqs;
+  LaunchTraffic::BlockCounts bsum{};  // the counts at the end of the previous block
   const char* host_lo = nullptr;  // the launching thread's stack: never device memory
   const char* host_hi = nullptr;
 
@@ -249,6 +258,9 @@ Runtime& rt() {
 void end_stretch(Fiber* f);
 void end_block_traffic();
 void record_global(const void* p, size_t n, bool write, uintptr_t pc, bool blocking);
+void record_shared(size_t off, size_t n, bool write, uintptr_t pc);
+void count_collective(Op op, Fiber* base);
+void end_block_compute();
 
 std::string where(const Fiber* f) {
   Runtime& r = rt();
@@ -674,6 +686,7 @@ void warp_event(int warp, int a) {
   }
   waiting |= bit(a);
   if ((mask & ~waiting) != 0) return;  // not complete yet
+  if (r.opts.count_traffic) count_collective(fa.op, base);
   switch (fa.op) {
     case Op::SyncWarp:
       ++r.wepoch[warp];
@@ -736,6 +749,7 @@ void release_barrier() {
     agg[2] |= f.bar_pred != 0;
   }
   ++r.epoch;
+  if (r.opts.count_traffic) ++r.tcur.barriers;
   for (int i = 0; i < r.nthreads; ++i) {
     Fiber& f = r.fibers[i];
     if (f.st != St::Bar) continue;
@@ -798,6 +812,7 @@ void run_block(uint3 b) {
     f.occ.clear();
     f.stretch_loads = 0;
     f.last_valid[0] = f.last_valid[1] = false;
+    f.sh_last_valid = false;
     std::fill(std::begin(f.rounds), std::end(f.rounds), 0);
     f.regs.thread_idx =
         uint3{i % r.block.x, (i / r.block.x) % r.block.y, i / (r.block.x * r.block.y)};
@@ -942,7 +957,10 @@ void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t 
     r.tcur.blocks_total = total;
     r.tcur.blocks_run = run;
     r.tcur.threads_per_block = static_cast<unsigned>(threads);
+    r.tcur.grid = uint3{grid.x, grid.y, grid.z};
     r.reqs.clear();
+    r.sreqs.clear();
+    r.bsum = LaunchTraffic::BlockCounts{};
     r.rd_set.clear();
     r.wr_set.clear();
     std::fill(std::begin(r.math_calls), std::end(r.math_calls), 0);
@@ -1745,6 +1763,7 @@ void record_global(const void* p, size_t n, bool write, uintptr_t pc, bool block
 // The running stretch of thread f ended (it reached a switch point or exited).
 void end_stretch(Fiber* f) {
   f->last_valid[0] = f->last_valid[1] = false;
+  f->sh_last_valid = false;
   const uint64_t l = f->stretch_loads;
   if (l == 0) return;
   for (int k = 0; k < LaunchTraffic::kRoundWidths; ++k) f->rounds[k] += (l + (1u << k) - 1) >> k;
@@ -1767,6 +1786,7 @@ void end_block_traffic() {
   }
   r.reqs.clear();
   r.blk_rd.clear();
+  end_block_compute();
   for (int i = 0; i < r.nthreads; ++i) {
     Fiber& f = r.fibers[i];
     end_stretch(&f);
@@ -1774,6 +1794,90 @@ void end_block_traffic() {
       r.tcur.rounds[k] = std::max(r.tcur.rounds[k], f.rounds[k]);
   }
   r.tcur.smem_bytes = r.dyn + r.static_bytes;
+}
+
+// ---------------------------------------------------------------- compute-side counts
+// (issue 43; the cost model's compute terms, tests/simt/cost/). Shared memory has 32 banks
+// of 4 bytes; one wavefront serves at most one 4-byte word per bank, so a warp request costs
+// the largest number of distinct words it touches in any one bank (a word read by several
+// lanes is a broadcast: one).
+
+uint64_t wavefronts_of(std::vector<uint32_t>& words) {
+  std::sort(words.begin(), words.end());
+  words.erase(std::unique(words.begin(), words.end()), words.end());
+  uint32_t per_bank[32] = {};
+  uint32_t most = 0;
+  for (uint32_t w : words) most = std::max(most, ++per_bank[w % 32]);
+  return most;
+}
+
+// A generic shared access (offset off in the block's shared space) of the running thread:
+// grouped into warp requests by instruction, n-th execution and warp, as record_global; a
+// 16-byte vector copied element by element is one request (one LDS.128 / STS.128).
+void record_shared(size_t off, size_t n, bool write, uintptr_t pc) {
+  Runtime& r = rt();
+  Fiber* f = r.cur;
+  if (n == 0) return;
+  const uint64_t a = off;
+  if (f->sh_last_valid && f->sh_last_write == write && a == f->sh_last_end &&
+      (a >> 4) == ((a + n - 1) >> 4) && ((a - 1) >> 4) == (a >> 4)) {
+    f->sh_last_end = a + n;
+    std::vector<uint32_t>& w =
+        r.sreqs[ReqKey{f->sh_last_pc, f->sh_last_occ, f->warp, write}];
+    for (uint64_t x = a >> 2; x <= (a + n - 1) >> 2; ++x) w.push_back(static_cast<uint32_t>(x));
+    return;
+  }
+  const uint32_t occ = f->occ[pc]++;
+  f->sh_last_valid = true;
+  f->sh_last_write = write;
+  f->sh_last_end = a + n;
+  f->sh_last_pc = pc;
+  f->sh_last_occ = occ;
+  std::vector<uint32_t>& w = r.sreqs[ReqKey{pc, occ, f->warp, write}];
+  for (uint64_t x = a >> 2; x <= (a + n - 1) >> 2; ++x) w.push_back(static_cast<uint32_t>(x));
+}
+
+// A warp collective completes (every lane has arrived): mma.sync and ldmatrix are counted
+// once per warp; ldmatrix's matrix i is read by lanes 8i..8i+7, one 16-byte row each, and
+// each matrix is its own phase (wavefronts summed over the matrices).
+void count_collective(Op op, Fiber* base) {
+  Runtime& r = rt();
+  if (op == Op::Mma) {
+    ++r.tcur.mma_sync;
+  } else if (op == Op::Ldm) {
+    ++r.tcur.ldsm_insts;
+    const int num = base[0].arg;
+    std::vector<uint32_t> words;
+    for (int i = 0; i < num && i < 4; ++i) {
+      words.clear();
+      for (int rr = 0; rr < 8; ++rr) {
+        uint32_t addr;
+        std::memcpy(&addr, base[8 * i + rr].in, 4);
+        for (uint32_t k = 0; k < 4; ++k) words.push_back(addr / 4 + k);
+      }
+      r.tcur.ldsm_wavefronts += wavefronts_of(words);
+    }
+  }
+}
+
+// Fold the finished block's generic shared requests into the launch's counts.
+void end_block_compute() {
+  Runtime& r = rt();
+  for (auto& [key, words] : r.sreqs) {
+    ++r.tcur.smem_requests;
+    r.tcur.smem_wavefronts += wavefronts_of(words);
+  }
+  r.sreqs.clear();
+  // this block's share: the counters now less their values at the previous block's end
+  LaunchTraffic::BlockCounts b{r.bidx, r.tcur.mma_sync, r.tcur.wgmma_macs,
+                               r.tcur.ldsm_wavefronts, r.tcur.smem_wavefronts,
+                               r.tcur.barriers, r.math_calls[3], r.tcur.tma_bytes};
+  const LaunchTraffic::BlockCounts o = r.bsum;
+  r.bsum = b;
+  b.mma_sync -= o.mma_sync, b.wgmma_macs -= o.wgmma_macs;
+  b.ldsm_wavefronts -= o.ldsm_wavefronts, b.smem_wavefronts -= o.smem_wavefronts;
+  b.barriers -= o.barriers, b.calls_exp2f -= o.calls_exp2f, b.tma_bytes -= o.tma_bytes;
+  r.tcur.blocks.push_back(b);
 }
 
 }  // namespace
@@ -1788,6 +1892,7 @@ void on_access(const void* p, size_t n, bool write, uintptr_t pc) {
   }
   check_access(r.cur, off, n, write);
   if (r.failed) kernel_fail(r.last_failure);
+  if (r.opts.count_traffic) record_shared(off, n, write, pc);
 }
 
 // ---------------------------------------------------------------- formats

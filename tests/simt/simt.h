@@ -106,6 +106,12 @@ Options& options();
 // Options::max_blocks > 0 runs only that many blocks of a larger grid, spread evenly over
 // it (same order for every seed); the counts are those of the blocks run, and
 // blocks_run / blocks_total says how much to scale them.
+// Compute-side counts (issue 43, the fields at the end; same switch, same scaling): mma.sync
+// and ldmatrix warp instructions, barriers released, and shared-memory wavefronts: 32 banks
+// of 4 bytes, a warp request costs the largest number of distinct 4-byte words it touches
+// in one bank (ldmatrix: per 8x8 matrix, its 8 rows of 16 bytes; generic shared loads and
+// stores grouped into warp requests as the global ones are). cp.async's shared writes are
+// not counted.
 struct LaunchTraffic {
   std::string kernel;                  // the kernel's parameter types (as in failures)
   uint64_t blocks_total = 0, blocks_run = 0;
@@ -126,8 +132,25 @@ struct LaunchTraffic {
   // Calls of the FP32 transcendental functions (expf, logf, tanhf, exp2f) by all threads
   // run, counted only in the kernel sources compiled with tests/simt/count_math.h.
   uint64_t calls_expf = 0, calls_logf = 0, calls_tanhf = 0, calls_exp2f = 0;
-  // Hopper: wgmma warpgroup instructions, their M*N*K summed, bytes moved by TMA copies
-  uint64_t wgmma_insts = 0, wgmma_macs = 0, tma_bytes = 0;
+  // ---- compute-side counts (issue 43)
+  uint64_t mma_sync = 0;          // mma.sync.m16n8k16 warp instructions executed
+  uint64_t wgmma_insts = 0;       // wgmma.mma_async warpgroup instructions (filled by the Hopper emulation)
+  uint64_t wgmma_macs = 0;        // sum of M*N*K over them (filled by the Hopper emulation)
+  uint64_t ldsm_insts = 0, ldsm_wavefronts = 0;   // ldmatrix warp instructions, shared wavefronts they cost
+  uint64_t smem_requests = 0, smem_wavefronts = 0; // generic shared loads/stores: warp requests, wavefronts (bank conflicts)
+  uint64_t barriers = 0;          // __syncthreads executed per block, summed over blocks run
+  uint64_t tma_bytes = 0;         // bytes moved by TMA bulk copies (filled by the Hopper emulation)
+  // Per block run, in run order: its index and its own compute counts (the deltas of the
+  // counters above over the block), for the cost model's schedule of unequal blocks (the
+  // causal attention grids). Filled at each block's end, so any counter a kernel's
+  // emulation adds to during the block (wgmma, TMA) is split per block too.
+  struct BlockCounts {
+    uint3 idx;
+    uint64_t mma_sync, wgmma_macs, ldsm_wavefronts, smem_wavefronts, barriers, calls_exp2f,
+        tma_bytes;
+  };
+  std::vector<BlockCounts> blocks;
+  uint3 grid{1, 1, 1};  // the launch's grid (blocks[].idx lie in it)
 };
 std::vector<LaunchTraffic>& traffic_log();
 void count_math_call(int which);  // 0 expf, 1 logf, 2 tanhf, 3 exp2f (count_math.h)

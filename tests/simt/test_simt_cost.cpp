@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
 #include "simt/count_math.h"
 #include "simt/cost/cost_model.h"
 #include "simt/simt.h"
@@ -187,6 +188,130 @@ TEST(SimtTraffic, NothingIsCountedWhenOff) {
   EXPECT_TRUE(simt::traffic_log().empty());
 }
 
+// ---------------------------------------------------------------- compute-side counts (issue 43)
+// Shared memory: 32 banks of 4 bytes; a warp request costs the largest number of distinct
+// words it touches in one bank. Every kernel here runs one warp unless stated.
+
+// Lane l writes word l * stride of a shared array, then (after a barrier) reads it back.
+__global__ void shared_strided(float* y, int stride) {
+  ST_SHARED(float, s, [32 * 32]);
+  s[threadIdx.x * stride] = static_cast<float>(threadIdx.x);
+  __syncthreads();
+  y[threadIdx.x] = s[threadIdx.x * stride];
+}
+// Every lane reads the same word: a broadcast.
+__global__ void shared_broadcast(float* y) {
+  ST_SHARED(float, s, [32]);
+  if (threadIdx.x == 0) s[0] = 1.0f;
+  __syncthreads();
+  y[threadIdx.x] = s[0];
+}
+// A 16-byte vector per lane (LDS.128: 512 bytes, 4 wavefronts at best), copied by the host
+// compiler element by element: still one request per instruction.
+__global__ void shared_vec16(Vec16* y) {
+  ST_SHARED(Vec16, s, [32]);
+  Vec16 v;
+  for (int k = 0; k < 4; ++k) v.v[k] = static_cast<float>(threadIdx.x * 4 + k);
+  s[threadIdx.x] = v;
+  __syncthreads();
+  y[threadIdx.x] = s[threadIdx.x];
+}
+// One ldmatrix.x4 over a 16 x 16 bf16 tile stored with a row pitch of `pitch` elements, as
+// the flash kernels' lds_a addresses it: lane l gives row l % 16, column 8 * (l / 16).
+// Pitch 72 (64 + 8, the kernels' kPitch<64>: 144 bytes, rows 4 banks apart) is conflict
+// free (1 wavefront per 8x8 matrix); pitch 64 (128 bytes) puts all 8 rows of a matrix in
+// the same 4 banks: 8 wavefronts per matrix.
+__global__ void ldsm_tile(uint32_t* y, int pitch) {
+  ST_SHARED(uint16_t, s, [16 * 72]);
+  for (int i = threadIdx.x; i < 16 * 72; i += 32) s[i] = static_cast<uint16_t>(i);
+  __syncthreads();
+  const int l = threadIdx.x;
+  uint32_t r[4];
+  st::ptx::ldmatrix_x4(r, st::ptx::smem_addr(&s[(l % 16) * pitch + 8 * (l / 16)]));
+  y[l] = r[0] ^ r[1] ^ r[2] ^ r[3];
+}
+// n mma.sync per warp and `bars` barriers per block.
+__global__ void mma_and_barriers(float* y, int n, int bars) {
+  float d[4] = {0, 0, 0, 0};
+  const uint32_t a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};  // bf16 1.0
+  for (int i = 0; i < n; ++i) st::ptx::mma_16816<__nv_bfloat16>(d, a, a[0], a[1]);
+  for (int i = 0; i < bars; ++i) __syncthreads();
+  y[blockIdx.x * blockDim.x + threadIdx.x] = d[0];
+}
+__global__ void with_ex2(float* y, const float* x) {
+  y[threadIdx.x] = st::ptx::ex2_approx(x[threadIdx.x]);
+}
+
+TEST(SimtCompute, AConflictFreeSharedAccessIsOneWavefront) {
+  const auto t = traced([] { launch(shared_strided, 1, 32, 0, nullptr, g_y, 1); });
+  EXPECT_EQ(t.smem_requests, 2u);    // the store and the load
+  EXPECT_EQ(t.smem_wavefronts, 2u);  // one each
+  EXPECT_EQ(t.barriers, 1u);
+}
+
+TEST(SimtCompute, BankConflictsCostOneWavefrontPerWordInTheBusiestBank) {
+  // stride 2: words 0, 2, .., 62 -> 16 banks with 2 words each
+  const auto t2 = traced([] { launch(shared_strided, 1, 32, 0, nullptr, g_y, 2); });
+  EXPECT_EQ(t2.smem_requests, 2u);
+  EXPECT_EQ(t2.smem_wavefronts, 2u * 2u);
+  // stride 8: words 0, 8, .., 248 -> banks 0, 8, 16, 24 with 8 words each
+  const auto t8 = traced([] { launch(shared_strided, 1, 32, 0, nullptr, g_y, 8); });
+  EXPECT_EQ(t8.smem_wavefronts, 2u * 8u);
+  // stride 32: every lane in bank 0
+  const auto t32 = traced([] { launch(shared_strided, 1, 32, 0, nullptr, g_y, 32); });
+  EXPECT_EQ(t32.smem_wavefronts, 2u * 32u);
+}
+
+TEST(SimtCompute, ABroadcastIsOneWavefront) {
+  const auto t = traced([] { launch(shared_broadcast, 1, 32, 0, nullptr, g_y); });
+  EXPECT_EQ(t.smem_requests, 2u);    // lane 0's store, the warp's load
+  EXPECT_EQ(t.smem_wavefronts, 2u);
+}
+
+TEST(SimtCompute, SixteenByteSharedVectorsAreOneRequestOfFourWavefronts) {
+  Vec16* y = reinterpret_cast<Vec16*>(g_y);
+  const auto t = traced([&] { launch(shared_vec16, 1, 32, 0, nullptr, y); });
+  EXPECT_EQ(t.smem_requests, 2u);
+  EXPECT_EQ(t.smem_wavefronts, 2u * 4u);
+}
+
+TEST(SimtCompute, LdmatrixWithThePaddedPitchIsConflictFree) {
+  const auto pad = traced([] { launch(ldsm_tile, 1, 32, 0, nullptr, reinterpret_cast<uint32_t*>(g_y), 72); });
+  EXPECT_EQ(pad.ldsm_insts, 1u);
+  EXPECT_EQ(pad.ldsm_wavefronts, 4u);  // 4 matrices, 1 wavefront each
+  const auto flat = traced([] { launch(ldsm_tile, 1, 32, 0, nullptr, reinterpret_cast<uint32_t*>(g_y), 64); });
+  EXPECT_EQ(flat.ldsm_insts, 1u);
+  EXPECT_EQ(flat.ldsm_wavefronts, 32u);  // 8-way conflicts in each of the 4 matrices
+  // the fill loop: 16 * 72 / 32 = 36 stores of 2-byte elements by consecutive lanes
+  EXPECT_EQ(pad.smem_requests, 36u);
+  EXPECT_EQ(pad.smem_wavefronts, 36u);
+}
+
+TEST(SimtCompute, MmaSyncAndBarriersAreCountedPerWarpAndPerBlock) {
+  // 4 blocks of 2 warps, 5 mma.sync per warp, 3 barriers per block
+  const auto t = traced([] { launch(mma_and_barriers, 4, 64, 0, nullptr, g_y, 5, 3); });
+  EXPECT_EQ(t.mma_sync, 4u * 2u * 5u);
+  EXPECT_EQ(t.barriers, 4u * 3u);
+  ASSERT_EQ(t.blocks.size(), 4u);
+  for (const auto& b : t.blocks) {
+    EXPECT_EQ(b.mma_sync, 10u);
+    EXPECT_EQ(b.barriers, 3u);
+  }
+  // sampled: 2 of 10 blocks run; counts are those of the blocks run
+  const auto s = traced([] { launch(mma_and_barriers, 10, 64, 0, nullptr, g_y, 7, 1); }, 2);
+  EXPECT_EQ(s.blocks_run, 2u);
+  EXPECT_EQ(s.mma_sync, 2u * 2u * 7u);
+  EXPECT_EQ(s.barriers, 2u);
+  ASSERT_EQ(s.blocks.size(), 2u);
+  EXPECT_EQ(s.blocks[0].idx.x, 0u);
+  EXPECT_EQ(s.blocks[1].idx.x, 5u);
+}
+
+TEST(SimtCompute, Ex2ApproxIsCountedAsExp2f) {
+  const auto t = traced([] { launch(with_ex2, 1, 32, 0, nullptr, g_y, g_x); });
+  EXPECT_EQ(t.calls_exp2f, 32u);
+}
+
 // ---------------------------------------------------------------- the model
 
 TEST(CostModel, OccupancyFromThreadsAndSharedMemory) {
@@ -281,3 +406,100 @@ TEST(CostModel, TheFitRecoversTheParametersRowsWereMadeWith) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- the compute model (issue 43)
+
+namespace compute {
+
+TEST(ComputeModel, OccupancyFromRegisters) {
+  const st::cost::Gpu g;
+  // 191 registers: 191 x 32 = 6112 -> 6144 per warp; 8 warps = 49152 of 65536: one block
+  EXPECT_EQ(st::cost::blocks_per_sm_regs(g, 256, 92160, 191), 1);
+  // 128 registers: 4096 per warp, 32768 per block: two (shared memory allows 2 as well)
+  EXPECT_EQ(st::cost::blocks_per_sm_regs(g, 256, 92160, 128), 2);
+  // 64 registers, no shared memory: 4 by registers (16384 per block), 8 by threads
+  EXPECT_EQ(st::cost::blocks_per_sm_regs(g, 256, 0, 64), 4);
+  // registers unknown: threads and shared memory alone
+  EXPECT_EQ(st::cost::blocks_per_sm_regs(g, 256, 0, 0), 8);
+}
+
+simt::LaunchTraffic::BlockCounts block(unsigned y, uint64_t mma) {
+  simt::LaunchTraffic::BlockCounts b{};
+  b.idx = uint3{0, y, 0};
+  b.mma_sync = mma;
+  return b;
+}
+
+st::cost::ComputeParams bare() {  // the tensor pipe alone, no fixed costs
+  st::cost::ComputeParams p;
+  p.e_tensor = 1;
+  p.alu_per_exp = p.alu_per_mma = 0;
+  p.overlap = 0;
+  p.barrier_clk = p.block_clk = 0;
+  p.t_launch_us = 0;
+  return p;
+}
+
+TEST(ComputeModel, HandWorkedPipesAndWaves) {
+  // 264 average blocks of 256 threads at 255 registers (1 per SM: 2 waves on 132 SMs),
+  // 1000 mma.sync each: 1000 x 4096 FLOP / (4096 x 2/3 per clock) = 1500 clocks a block
+  simt::LaunchTraffic l;
+  l.blocks_total = 264;
+  l.blocks_run = 2;
+  l.threads_per_block = 256;
+  l.mma_sync = 2000;
+  const st::cost::Gpu g;
+  st::cost::ComputeParams p = bare();
+  auto k = st::cost::predict_attention_kernel(l, g, p, 255);
+  EXPECT_EQ(k.blocks_per_sm, 1);
+  EXPECT_NEAR(k.makespan_us, 3000 / 1980.0, 1e-9);
+  EXPECT_NEAR(k.imbalance, 1.0, 1e-12);
+  EXPECT_STREQ(k.bound, "tensor");
+  // + 16000 ex2 per block: MUFU 16000 / 16 = 1000 clocks; ALU 8 per ex2: 1000 clocks;
+  // overlap 0.5: 1500 + 0.5 x 2000 = 2500 clocks a block
+  l.calls_exp2f = 32000;
+  p.alu_per_exp = 8;
+  p.overlap = 0.5;
+  k = st::cost::predict_attention_kernel(l, g, p, 255);
+  EXPECT_NEAR(k.makespan_us, 5000 / 1980.0, 1e-9);
+  // a barrier stall of 10 clocks x 3 barriers per block and 200 clocks per block
+  l.barriers = 6;
+  p.barrier_clk = 10;
+  p.block_clk = 200;
+  p.t_launch_us = 2;
+  k = st::cost::predict_attention_kernel(l, g, p, 255);
+  EXPECT_NEAR(k.t, 2 + 2 * (2500 + 30 + 200) / 1980.0, 1e-9);
+}
+
+TEST(ComputeModel, UnequalBlocksAreInterpolatedOverYAndScheduled) {
+  // 2 SMs; grid (2, 4); the blocks run are y = 0 (400 mma.sync: 600 clocks) and y = 2 (200:
+  // 300 clocks); y = 1 is interpolated (450), y = 3 extrapolated (150). Launch order: both
+  // y = 0 blocks, then y = 1, ...: each SM runs one block of each y: 1500 clocks.
+  st::cost::Gpu g;
+  g.sms = 2;
+  simt::LaunchTraffic l;
+  l.grid = uint3{2, 4, 1};
+  l.blocks_total = 8;
+  l.blocks_run = 2;
+  l.threads_per_block = 1024;  // 1 block per SM (threads)
+  l.blocks = {block(0, 400), block(2, 200)};
+  l.mma_sync = 600;
+  auto k = st::cost::predict_attention_kernel(l, g, bare(), 0);
+  EXPECT_EQ(k.blocks_per_sm, 2);  // 2048 threads: two blocks of 1024 share an SM
+  // two slots per SM share its pipes: each block takes twice its time; 4 slots, 8 blocks:
+  // slots get (1200, 1200, 900, 900) after y 0, 1, then y 2 (600) goes to the two 900s ...
+  // equal total work per SM pair: makespan = (2 x (600 + 450 + 300 + 150) x 2) / 4 = 1500
+  EXPECT_NEAR(k.makespan_us, 1500 / 1980.0, 1e-9);
+  // three equal blocks on two SMs (1 slot each): 600, 600, then 1200
+  simt::LaunchTraffic e;
+  e.grid = uint3{1, 3, 1};
+  e.blocks_total = e.blocks_run = 3;
+  e.threads_per_block = 2048 / 2 + 32;  // 1056 threads: one block per SM
+  e.blocks = {block(0, 400), block(1, 400), block(2, 400)};
+  k = st::cost::predict_attention_kernel(e, g, bare(), 0);
+  EXPECT_EQ(k.blocks_per_sm, 1);
+  EXPECT_NEAR(k.makespan_us, 1200 / 1980.0, 1e-9);
+  EXPECT_NEAR(k.imbalance, 1200 / 900.0, 1e-12);
+}
+
+}  // namespace compute
