@@ -347,6 +347,15 @@ TEST(Config, CrossFieldChecks) {
              "are two amplifiers of O~'s rounding; set one of them");
   EXPECT_HAS(parse_error("attention: {o_tilde_gain: 8}\n"),
              "attention.o_tilde_gain = 8 is set, but the baseline backend has no O~");
+  // attention.cuda_kernel: the CUDA flash forward kernel (the CPU has one implementation).
+  EXPECT_HAS(parse_error("attention: {backend: flash, cuda_kernel: wgmma}\n"),
+             "attention.cuda_kernel");
+  EXPECT_EQ(attention_configs(parse_config("attention: {backend: flash, cuda_kernel: sm90, "
+                                           "block_q: 128, block_k: 128}\n", kFile))[0]
+                .cuda_kernel,
+            FlashKernel::Sm90);
+  EXPECT_EQ(attention_configs(parse_config("attention: {backend: flash}\n", kFile))[0].cuda_kernel,
+            FlashKernel::MmaSync);
   {
     const Config sc = parse_config("precision: {compute: bf16}\n"
                                    "attention: {backend: flash, accum: bf16, o_tilde_bits: 1, "

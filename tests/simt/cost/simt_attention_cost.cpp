@@ -6,7 +6,7 @@
 // each on an even sample of its blocks (max_blocks), counting mma.sync, ex2, shared
 // wavefronts and barriers per block. The registers per thread come from ptxas -v
 // (ptxas_sm90_flash_bf16.txt here). Prints per row the H200 time measured on 2026-11-28
-// (/work/shared/gpu/2026-11-28_h200_bench_attention.txt), the prediction, the error, and the
+// (../shared/gpu/2026-11-28_h200_bench_attention.txt), the prediction, the error, and the
 // error with the row left out of the fit (leave-one-out).
 //
 //   simt_attention_cost [--max-blocks N] [--csv FILE] [--refit] [--launches] [--no-loo]
@@ -119,10 +119,15 @@ constexpr uint64_t kBaselineBlocks = 97;
 // P * (dP - delta) 6.
 constexpr double kFp64Exp = 39, kFp64Div = 1, kFp64Bwd = 6;
 
+// PyTorch SDPA's FlashAttention-2 forward on the same H200 in the same call (torch 2.11,
+// bf16, causal; ../shared/gpu/2026-11-28_h200_bench_attention.txt, "torch attention"), ms:
+// the comparison figure of the sm_90 predictions, in kMeasured's order.
+const double kTorchFa2Fwd[] = {0.341, 0.552, 1.000, 1.904, 3.733, 0.304, 0.514, 0.927, 1.729, 3.414};
+
 struct Args {
   uint64_t max_blocks = 4;
-  std::string csv;
-  bool refit = false, launches = false, loo = true;
+  std::string csv, sm90_csv;
+  bool refit = false, launches = false, loo = true, sm90 = false;
   std::string only;  // --only flash|baseline: those rows alone
 };
 
@@ -245,6 +250,67 @@ std::vector<ComputeRow> build_rows(const Args& a) {
   return rows;
 }
 
+// Predictions for the sm_90 forward kernel (cuda/flash_fwd_sm90.cuh), which no GPU has run:
+// the emulator's counts of its launch (wgmma M*N*K, TMA bytes, ex2, per block) at the table's
+// shapes, through predict_attention_kernel with the calibration (overlap as fitted on the
+// mma.sync kernels: the pipes' times add) and with overlap 0 (the pipes fully overlapped, which
+// the ping-pong and the in-warpgroup pipelining aim at): an interval. Registers: ptxas's 168
+// (__launch_bounds__(384, 1): one block per SM, as its 160-192 KB of shared memory also allow).
+void sm90_predictions(const Args& a, const Gpu& g, const ComputeParams& p) {
+  constexpr int kSm90Regs = 168;  // ptxas -v, every instantiation (tests/simt/cost/README.md)
+  const DType fmt = DType::BF16;
+  ComputeParams p0 = p;
+  p0.overlap = 0;
+  std::printf("\n## sm_90 forward kernel: predicted (not measured), H200\n\n");
+  std::printf("| method | shape | predicted ms (pipes add) | predicted ms (pipes overlap) | "
+              "TFLOP/s | mma.sync fwd measured ms | ratio | torch FA2 fwd ms | ratio | bound |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
+  std::FILE* csv = a.sm90_csv.empty() ? nullptr : std::fopen(a.sm90_csv.c_str(), "w");
+  if (!a.sm90_csv.empty() && !csv) throw std::runtime_error("cannot write " + a.sm90_csv);
+  if (csv)
+    std::fprintf(csv, "method,d,T,B,H,pred_add_ms,pred_overlap_ms,tflops_add,tflops_overlap,"
+                      "mma_sync_fwd_ms,torch_fa2_fwd_ms,bound\n");
+  for (size_t i = 0; i < std::size(kMeasured); ++i) {
+    const Measured& m = kMeasured[i];
+    const int d = m.d, T = m.T, H = 2048 / d, B = 16384 / T, C = H * d;
+    const size_t BT = static_cast<size_t>(B) * T;
+    Mem qkv(BT * 3 * C * 2), out(BT * C * 2), lse(BT * H * 4);
+    flash::Buffers b;
+    b.qkv = qkv.p, b.out = out.p, b.lse = static_cast<float*>(lse.p);
+    const flash::CallDims cd{B, T, H, d};
+    for (int kind = 0; kind < 2; ++kind) {
+      AttentionConfig cfg;
+      cfg.kind = kind == 0 ? AttentionKind::Flash : AttentionKind::StabilizedFlash;
+      cfg.causal = true;
+      cfg.block_q = cfg.block_k = 128;
+      cfg.cuda_kernel = FlashKernel::Sm90;
+      const AttnNumerics n = flash::resolve_numerics(cfg, fmt);
+      const auto fl = traced(a.max_blocks, [&] { flash::run_forward(cfg, n, fmt, cd, b, nullptr); });
+      if (fl.size() != 1) throw std::runtime_error("sm90 forward: expected one launch");
+      const ComputeTerms k1 = predict_attention_kernel(fl[0], g, p, kSm90Regs);
+      const ComputeTerms k0 = predict_attention_kernel(fl[0], g, p0, kSm90Regs);
+      const double flop = 4.0 * B * static_cast<double>(T) * T * H * d / 2;  // causal
+      const double t1 = (k1.t) / 1e3, t0 = (k0.t) / 1e3;
+      const char* name = kind == 0 ? "flash_sm90" : "stabilized_flash_sm90";
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "d=%d T=%d B=%d H=%d", d, T, B, H);
+      std::printf("| %s | %s | %.3f | %.3f | %.0f-%.0f | %.3f | %.2f-%.2f | %.3f | %.2f-%.2f | %s |\n",
+                  name, shape, t1, t0, flop / (t1 * 1e9), flop / (t0 * 1e9), m.fwd[kind],
+                  m.fwd[kind] / t1, m.fwd[kind] / t0, kTorchFa2Fwd[i], kTorchFa2Fwd[i] / t1,
+                  kTorchFa2Fwd[i] / t0, k1.bound);
+      if (csv)
+        std::fprintf(csv, "%s,%d,%d,%d,%d,%.4f,%.4f,%.1f,%.1f,%.4f,%.4f,%s\n", name, d, T, B, H, t1,
+                     t0, flop / (t1 * 1e9), flop / (t0 * 1e9), m.fwd[kind], kTorchFa2Fwd[i],
+                     k1.bound);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nratio = measured mma.sync (or torch) time / predicted sm_90 time: > 1 means the "
+              "sm_90 kernel is predicted faster; the two figures are the pipes-add and "
+              "pipes-overlap predictions\n");
+  if (csv) std::fclose(csv);
+}
+
 int run(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -255,7 +321,9 @@ int run(int argc, char** argv) {
     else if (s == "--launches") a.launches = true;
     else if (s == "--no-loo") a.loo = false;
     else if (s == "--only" && i + 1 < argc) a.only = argv[++i];
-    else throw std::runtime_error("usage: simt_attention_cost [--max-blocks N] [--csv FILE] [--refit] [--launches] [--no-loo] [--only flash|baseline]");
+    else if (s == "--sm90") a.sm90 = true;
+    else if (s == "--sm90-csv" && i + 1 < argc) a.sm90 = true, a.sm90_csv = argv[++i];
+    else throw std::runtime_error("usage: simt_attention_cost [--max-blocks N] [--csv FILE] [--refit] [--launches] [--no-loo] [--only flash|baseline] [--sm90] [--sm90-csv FILE]");
   }
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<ComputeRow> rows = build_rows(a);
@@ -354,6 +422,7 @@ int run(int argc, char** argv) {
     }
   }
   if (csv) std::fclose(csv);
+  if (a.sm90) sm90_predictions(a, g, p);
   return 0;
 }
 
