@@ -108,6 +108,7 @@ struct Fiber {
   uint64_t rounds[LaunchTraffic::kRoundWidths] = {};
   // Hopper: the wgmma this lane issues; the named barrier / mbarrier it waits at
   float* wg_d = nullptr;
+  const uint32_t* wg_a = nullptr;  // A registers (register-A form)
   uint64_t wg_da = 0, wg_db = 0;
   int wg_n = 0, wg_tnsp_a = 0, wg_tnsp_b = 0;
   bool wg_rs = false, wg_scale_d = false;
@@ -127,6 +128,7 @@ struct WgOp {
   int n = 0, tnsp_a = 0, tnsp_b = 0, wig = 0;  // wig: the warp's index in its warpgroup
   uint64_t da = 0, db = 0;
   uint32_t a[32][4] = {};
+  const uint32_t* ap[32] = {};  // where each lane's A registers live (unchanged until it runs)
   float* d[32] = {};
   std::vector<float> c;  // the accumulators at issue (32 x n/2): unchanged until it runs
   bool chained = false;  // an earlier wgmma in flight writes the same accumulators
@@ -1303,6 +1305,13 @@ void wgmma_run(WgOp& op, bool check_c) {
     for (int j = 0; j < n; ++j)
       B[static_cast<size_t>(k * n + j)] =
           operand(wgmma_desc_address(op.db, op.tnsp_b != 0, j, k), op.bf16, who);
+  for (int l = 0; l < 32 && op.rs; ++l) {
+    if (std::memcmp(op.ap[l], op.a[l], 16) != 0) {
+      kernel_fail(where(nullptr) + ", lane " + std::to_string(l) +
+                  ": the A registers of a wgmma in flight were changed before the "
+                  "wgmma.wait_group that retires it");
+    }
+  }
   for (int l = 0; l < 32; ++l) {
     float* d = op.d[l];
     if (check_c && std::memcmp(d, op.c.data() + static_cast<size_t>(l * half),
@@ -1340,6 +1349,7 @@ void exec_wgmma(Fiber* base, int warp) {
   op.c.resize(static_cast<size_t>(32 * half));
   for (int l = 0; l < 32; ++l) {
     op.d[l] = base[l].wg_d;
+    op.ap[l] = base[l].wg_a;
     std::memcpy(op.a[l], base[l].in, 16);
     std::memcpy(op.c.data() + static_cast<size_t>(l * half), op.d[l],
                 static_cast<size_t>(half) * sizeof(float));
@@ -1646,6 +1656,7 @@ void wgmma(float* d, int n, const uint32_t* a_regs, uint64_t da, uint64_t db, bo
   f->wg_d = d;
   f->wg_n = n;
   f->wg_rs = a_regs != nullptr;
+  f->wg_a = a_regs;
   if (a_regs) std::memcpy(f->in, a_regs, 16);
   f->wg_da = da;
   f->wg_db = db;

@@ -193,8 +193,8 @@ TEST(SimtHopper, WgmmaRegisterAMnMajorB) {
   check_wgmma<true, false>();
 }
 
-// A wgmma issued by one warp of a warpgroup only, its accumulators touched in flight, a
-// warp leaving with a wgmma unretired: each fails the launch.
+// A wgmma issued by one warp of a warpgroup only, its accumulators or its register A touched
+// in flight, a warp leaving with a wgmma unretired: each fails the launch.
 __global__ void wgmma_misuse_kernel(int mode) {
   ST_SHARED(uint16_t, tile, [8192]);
   for (int i = threadIdx.x; i < 8192; i += blockDim.x) tile[i] = bf16_of(1);
@@ -204,9 +204,11 @@ __global__ void wgmma_misuse_kernel(int mode) {
   float d[4] = {0, 0, 0, 0};
   const uint64_t da = ptx::wgmma_desc(sa, 16, 1024, 128), db = ptx::wgmma_desc(sa, 16, 1024, 128);
   if (mode == 0 && threadIdx.x >= 32) return;  // only warp 0 of the warpgroup issues
-  ::simt::wgmma(d, 8, nullptr, da, db, true, 0, 0, true);
+  uint32_t a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};  // bf16 ones
+  ::simt::wgmma(d, 8, mode == 4 ? a : nullptr, da, db, true, 0, 0, true);
   ptx::wgmma_commit();
   if (mode == 1) d[0] = 5.f;  // accumulators changed before the wait
+  if (mode == 4) a[2] = 0;    // register A changed before the wait
   if (mode == 2) return;      // exits with the group in flight
   ptx::wgmma_wait<0>();
 }
@@ -219,6 +221,8 @@ TEST(SimtHopper, WgmmaMisuseFails) {
                   "not retired by wgmma.wait_group"));
   EXPECT_TRUE(has(run([] { launch(wgmma_misuse_kernel, 1, 64, 0, nullptr, 3); }),
                   "needs the 4 warps of a warpgroup"));
+  EXPECT_TRUE(has(run([] { launch(wgmma_misuse_kernel, 1, 128, 0, nullptr, 4); }),
+                  "the A registers of a wgmma in flight were changed"));
 }
 
 // ---------------------------------------------------------------- TMA and mbarrier
