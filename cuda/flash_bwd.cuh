@@ -57,6 +57,97 @@ constexpr int kBci = 64;
 template <int HD>
 constexpr int kBri = HD <= 64 ? 64 : 32;  // bounds the dK/dV kernel's registers at HD = 128
 
+// ---- The dK/dV kernel's per-tile steps, shared with the sm_90 dK/dV kernel
+// (flash_bwd_sm90.cuh). Fragments: S^T, dP^T in the m16n8 C layout, rows = the thread's keys
+// key_a = g, key_b = g + 8 of its warp's 16, columns = queries q0 + nb * 8 + 2c (+1);
+// lse(qi) and del(qi) give the query tile's row qi's lse and delta (0 past T).
+
+// P^T = round_T(exp(scale S^T - lse)) in place of S^T; masked entries 0.
+template <class T, int NBQ, class Lse>
+__device__ __forceinline__ void dkdv_tile_p(float (&s)[NBQ][4], const BwdParams& p, Lse lse,
+                                            int q0, int key_a, int key_b, int c, bool need_mask) {
+  scale_scores<T, NBQ>(s, p.scale, p.scores_low);
+#pragma unroll
+  for (int nb = 0; nb < NBQ; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      s[nb][e] = round_t<T>(fexp(__fsub_rn(s[nb][e], lse(nb * 8 + 2 * c + (e & 1)))));
+  if (need_mask) {
+#pragma unroll
+    for (int nb = 0; nb < NBQ; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = q0 + nb * 8 + 2 * c + (e & 1), key = e < 2 ? key_a : key_b;
+        if (q >= p.T || key >= p.T || (p.causal && key > q)) s[nb][e] = 0.f;
+      }
+  }
+}
+// dS^T = round_T(P^T * fl32(dP^T - delta)) in place of dP^T (P^T: pa, A fragments).
+template <class T, int NBQ, bool ACC_LOW, class Del>
+__device__ __forceinline__ void dkdv_tile_ds(float (&s)[NBQ][4], const uint32_t (&pa)[NBQ / 2][4],
+                                             Del del, int c) {
+#pragma unroll
+  for (int nb = 0; nb < NBQ; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float dp = s[nb][e];
+      if constexpr (ACC_LOW) dp = round_t<T>(dp);
+      s[nb][e] = mul_round<T>(a_elem<T, NBQ>(pa, nb, e), __fsub_rn(dp, del(nb * 8 + 2 * c + (e & 1))));
+    }
+}
+// ACC_LOW: the FP32 partial dK, dV added to the T accumulators held in dqkv, restarted at 0.
+template <class T, int ON>
+__device__ __forceinline__ void dkdv_flush(float (&dk)[ON][4], float (&dv)[ON][4], bool& flushed,
+                                           T* gdk, T* gdv, int key_a, int key_b, int T_,
+                                           int64_t C3, int c) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int key = ri ? key_b : key_a;
+    if (key >= T_) continue;
+    const int64_t off = static_cast<int64_t>(key) * C3 + 2 * c;
+#pragma unroll
+    for (int nb = 0; nb < ON; ++nb) {
+      uint32_t* pk = reinterpret_cast<uint32_t*>(gdk + off + nb * 8);
+      uint32_t* pv = reinterpret_cast<uint32_t*>(gdv + off + nb * 8);
+      const float2 ok = flushed ? unpack2<T>(*pk) : make_float2(0.f, 0.f);
+      const float2 ov = flushed ? unpack2<T>(*pv) : make_float2(0.f, 0.f);
+      *pk = pack2<T>(add_round<T>(ok.x, dk[nb][2 * ri]), add_round<T>(ok.y, dk[nb][2 * ri + 1]));
+      *pv = pack2<T>(add_round<T>(ov.x, dv[nb][2 * ri]), add_round<T>(ov.y, dv[nb][2 * ri + 1]));
+    }
+  }
+  flushed = true;
+#pragma unroll
+  for (int nb = 0; nb < ON; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[nb][e] = dv[nb][e] = 0.f;
+}
+// The end: dK = round_T(scale dK), dV = round_T(dV) (ACC_LOW: dK from its T accumulator; dV
+// is final already).
+template <class T, int ON, bool ACC_LOW>
+__device__ __forceinline__ void dkdv_store(const BwdParams& p, const float (&dk)[ON][4],
+                                           const float (&dv)[ON][4], T* gdk, T* gdv, int key_a,
+                                           int key_b, int64_t C3, int c) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int key = ri ? key_b : key_a;
+    if (key >= p.T) continue;
+    const int64_t off = static_cast<int64_t>(key) * C3 + 2 * c;
+#pragma unroll
+    for (int nb = 0; nb < ON; ++nb) {
+      uint32_t* pk = reinterpret_cast<uint32_t*>(gdk + off + nb * 8);
+      if constexpr (ACC_LOW) {
+        const float2 a = unpack2<T>(*pk);
+        *pk = pack2<T>(mul_round<T>(a.x, p.scale), mul_round<T>(a.y, p.scale));
+      } else {
+        *pk = pack2<T>(mul_round<T>(dk[nb][2 * ri], p.scale),
+                       mul_round<T>(dk[nb][2 * ri + 1], p.scale));
+        *reinterpret_cast<uint32_t*>(gdv + off + nb * 8) =
+            pack2<T>(dv[nb][2 * ri], dv[nb][2 * ri + 1]);
+      }
+    }
+  }
+}
+
 template <class T, int HD, int BCK, int BRI, bool ACC_LOW>
 __global__ void __launch_bounds__(BCK * 2) dkdv_kernel(const BwdParams p) {
   constexpr int NT = BCK * 2;
@@ -132,21 +223,7 @@ __global__ void __launch_bounds__(BCK * 2) dkdv_kernel(const BwdParams p) {
 #pragma unroll
     for (int nb = 0; nb < NBQ; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
     gemm_abt<T, HD, NBQ>(s, sK, warp * 16, sQs, 0, lane);
-    scale_scores<T, NBQ>(s, p.scale, p.scores_low);
-#pragma unroll
-    for (int nb = 0; nb < NBQ; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[nb][e] = round_t<T>(fexp(__fsub_rn(s[nb][e], lse_s[nb * 8 + 2 * c + (e & 1)])));
-    if (need_mask) {
-#pragma unroll
-      for (int nb = 0; nb < NBQ; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q = q0 + nb * 8 + 2 * c + (e & 1), key = e < 2 ? key_a : key_b;
-          if (q >= T_ || key >= T_ || (p.causal && key > q)) s[nb][e] = 0.f;
-        }
-    }
+    dkdv_tile_p<T, NBQ>(s, p, [&](int qi) { return lse_s[qi]; }, q0, key_a, key_b, c, need_mask);
     uint32_t pa[BRI / 16][4];
     c_to_a<T, NBQ>(pa, s);
     // ---- dV += P^T dO
@@ -155,65 +232,131 @@ __global__ void __launch_bounds__(BCK * 2) dkdv_kernel(const BwdParams p) {
 #pragma unroll
     for (int nb = 0; nb < NBQ; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
     gemm_abt<T, HD, NBQ>(s, sV, warp * 16, sdOs, 0, lane);
-#pragma unroll
-    for (int nb = 0; nb < NBQ; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = nb * 8 + 2 * c + (e & 1);
-        float dp = s[nb][e];
-        if constexpr (ACC_LOW) dp = round_t<T>(dp);
-        s[nb][e] = mul_round<T>(a_elem<T, NBQ>(pa, nb, e), __fsub_rn(dp, del_s[qi]));
-      }
+    dkdv_tile_ds<T, NBQ, ACC_LOW>(s, pa, [&](int qi) { return del_s[qi]; }, c);
     c_to_a<T, NBQ>(pa, s);
     // ---- dK += dS^T Q
     gemm_pv<T, HD, BRI>(dk, pa, sQs, 0, lane);
 
     if constexpr (ACC_LOW) {
-      if (((it + 1) * BRI) % p.block_q == 0 || it + 1 == n_it) {
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-          const int key = ri ? key_b : key_a;
-          if (key >= T_) continue;
-          const int64_t off = static_cast<int64_t>(key) * C3 + 2 * c;
-#pragma unroll
-          for (int nb = 0; nb < ON; ++nb) {
-            uint32_t* pk = reinterpret_cast<uint32_t*>(gdk + off + nb * 8);
-            uint32_t* pv = reinterpret_cast<uint32_t*>(gdv + off + nb * 8);
-            const float2 ok = flushed ? unpack2<T>(*pk) : make_float2(0.f, 0.f);
-            const float2 ov = flushed ? unpack2<T>(*pv) : make_float2(0.f, 0.f);
-            *pk = pack2<T>(add_round<T>(ok.x, dk[nb][2 * ri]),
-                           add_round<T>(ok.y, dk[nb][2 * ri + 1]));
-            *pv = pack2<T>(add_round<T>(ov.x, dv[nb][2 * ri]),
-                           add_round<T>(ov.y, dv[nb][2 * ri + 1]));
-          }
-        }
-        flushed = true;
-#pragma unroll
-        for (int nb = 0; nb < ON; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dk[nb][e] = dv[nb][e] = 0.f;
-      }
+      if (((it + 1) * BRI) % p.block_q == 0 || it + 1 == n_it)
+        dkdv_flush<T, ON>(dk, dv, flushed, gdk, gdv, key_a, key_b, T_, C3, c);
     }
     __syncthreads();  // stage st is refilled in the next iteration
   }
 
-  // ---- epilogue: dK = round(scale * dK), dV = round(dV)
+  dkdv_store<T, ON, ACC_LOW>(p, dk, dv, gdk, gdv, key_a, key_b, C3, c);
+}
+
+// ---- The dQ kernel's per-tile steps, shared with the sm_90 dQ kernel (flash_bwd_sm90.cuh)
+// so both round at the same points. Fragments: the m16n8 C layout (rows g, g + 8 of a warp's
+// 16; wgmma's accumulator layout too).
+
+// The thread's two rows' lse and delta (0 past T; delta 0 in the delta pass, which makes it).
+template <bool DELTA>
+__device__ __forceinline__ void dq_row_inputs(const BwdParams& p, int bh, int row_a, int row_b,
+                                              float (&lse_r)[2], float (&del_r)[2]) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    const int key = ri ? key_b : key_a;
-    if (key >= T_) continue;
-    const int64_t off = static_cast<int64_t>(key) * C3 + 2 * c;
+    const int row = ri ? row_b : row_a;
+    const int64_t r = static_cast<int64_t>(bh) * p.T + row;
+    lse_r[ri] = row < p.T ? p.lse[r] : 0.f;
+    del_r[ri] = !DELTA && row < p.T ? p.delta[r] : 0.f;
+  }
+}
+// P = round_T(exp(scale S - lse)) of a key tile in place of S; masked entries (and rows past
+// T) 0.
+template <class T, int NB>
+__device__ __forceinline__ void dq_tile_p(float (&s)[NB][4], const BwdParams& p,
+                                          const float (&lse_r)[2], int kv0, int row_a, int row_b,
+                                          int c, bool need_mask) {
+  scale_scores<T, NB>(s, p.scale, p.scores_low);
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nb][e] = round_t<T>(fexp(__fsub_rn(s[nb][e], lse_r[e >> 1])));
+  if (need_mask) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = kv0 + nb * 8 + 2 * c + (e & 1);
+        const int row = e < 2 ? row_a : row_b;
+        if (row >= p.T || col >= p.T || (p.causal && col > row)) s[nb][e] = 0.f;
+      }
+  }
+}
+// From dP (in s) and P (pa, A fragments): DELTA, the row sums of dP * P into dsum; else
+// dS = round_T(P * fl32(dP - delta)) in place of dP.
+template <class T, int NB, bool DELTA, bool ACC_LOW>
+__device__ __forceinline__ void dq_tile_ds(float (&s)[NB][4], const uint32_t (&pa)[NB / 2][4],
+                                           const float (&del_r)[2], float (&dsum)[2]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float dp = s[nb][e];
+      if constexpr (ACC_LOW) dp = round_t<T>(dp);
+      if constexpr (DELTA)
+        dsum[e >> 1] = __fmaf_rn(dp, a_elem<T, NB>(pa, nb, e), dsum[e >> 1]);
+      else
+        s[nb][e] = mul_round<T>(a_elem<T, NB>(pa, nb, e), __fsub_rn(dp, del_r[e >> 1]));
+    }
+}
+// ACC_LOW: the FP32 partial dQ added to the T accumulator held in dqkv (one correct rounding
+// per element), then restarted from zero.
+template <class T, int ON>
+__device__ __forceinline__ void dq_flush(float (&dq)[ON][4], bool& flushed, T* gdq, int row_a,
+                                         int row_b, int T_, int64_t C3, int c) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int row = ri ? row_b : row_a;
+    if (row >= T_) continue;
+    const int64_t off = static_cast<int64_t>(row) * C3 + 2 * c;
 #pragma unroll
     for (int nb = 0; nb < ON; ++nb) {
-      uint32_t* pk = reinterpret_cast<uint32_t*>(gdk + off + nb * 8);
-      if constexpr (ACC_LOW) {  // dV is final already (a T value rounded to T)
-        const float2 a = unpack2<T>(*pk);
-        *pk = pack2<T>(mul_round<T>(a.x, p.scale), mul_round<T>(a.y, p.scale));
-      } else {
-        *pk = pack2<T>(mul_round<T>(dk[nb][2 * ri], p.scale),
-                       mul_round<T>(dk[nb][2 * ri + 1], p.scale));
-        *reinterpret_cast<uint32_t*>(gdv + off + nb * 8) =
-            pack2<T>(dv[nb][2 * ri], dv[nb][2 * ri + 1]);
+      uint32_t* pq = reinterpret_cast<uint32_t*>(gdq + off + nb * 8);
+      const float2 o = flushed ? unpack2<T>(*pq) : make_float2(0.f, 0.f);
+      *pq = pack2<T>(add_round<T>(o.x, dq[nb][2 * ri]), add_round<T>(o.y, dq[nb][2 * ri + 1]));
+    }
+  }
+  flushed = true;
+#pragma unroll
+  for (int nb = 0; nb < ON; ++nb) dq[nb][0] = dq[nb][1] = dq[nb][2] = dq[nb][3] = 0.f;
+}
+// The end of the rows: DELTA, delta = the row sums (quad reduction); else dQ = round_T(scale
+// dQ) (ACC_LOW: of the T accumulator in dqkv).
+template <class T, int ON, bool DELTA, bool ACC_LOW>
+__device__ __forceinline__ void dq_store(const BwdParams& p, const float (&dq)[ON][4],
+                                         const float (&dsum)[2], T* gdq, int row_a, int row_b,
+                                         int bh, int64_t C3, int c) {
+  const int T_ = p.T;
+  if constexpr (DELTA) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      float d = quad_sum(dsum[ri]);
+      if constexpr (ACC_LOW) d = round_t<T>(d);
+      const int row = ri ? row_b : row_a;
+      if (c == 0 && row < T_) p.delta[static_cast<int64_t>(bh) * T_ + row] = d;
+    }
+  } else {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int row = ri ? row_b : row_a;
+      if (row >= T_) continue;
+      const int64_t off = static_cast<int64_t>(row) * C3 + 2 * c;
+#pragma unroll
+      for (int nb = 0; nb < ON; ++nb) {
+        uint32_t* pq = reinterpret_cast<uint32_t*>(gdq + off + nb * 8);
+        float v0, v1;
+        if constexpr (ACC_LOW) {
+          const float2 o = unpack2<T>(*pq);
+          v0 = o.x;
+          v1 = o.y;
+        } else {
+          v0 = dq[nb][2 * ri];
+          v1 = dq[nb][2 * ri + 1];
+        }
+        *pq = pack2<T>(mul_round<T>(v0, p.scale), mul_round<T>(v1, p.scale));
       }
     }
   }
@@ -252,14 +395,8 @@ __global__ void __launch_bounds__(BRQ * 2) dq_kernel(const BwdParams p) {
   cp_async_commit();
 
   const int row_a = q0 + warp * 16 + g, row_b = row_a + 8;
-  float lse_r[2], del_r[2] = {0.f, 0.f};
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int row = ri ? row_b : row_a;
-    const int64_t r = static_cast<int64_t>(bh) * T_ + row;
-    lse_r[ri] = row < T_ ? p.lse[r] : 0.f;
-    if constexpr (!DELTA) del_r[ri] = row < T_ ? p.delta[r] : 0.f;
-  }
+  float lse_r[2], del_r[2];
+  dq_row_inputs<DELTA>(p, bh, row_a, row_b, lse_r, del_r);
   float dq[ON][4];
 #pragma unroll
   for (int nb = 0; nb < ON; ++nb) dq[nb][0] = dq[nb][1] = dq[nb][2] = dq[nb][3] = 0.f;
@@ -285,103 +422,27 @@ __global__ void __launch_bounds__(BRQ * 2) dq_kernel(const BwdParams p) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
     gemm_abt<T, HD, NB>(s, sQ, warp * 16, sKs, 0, lane);
-    scale_scores<T, NB>(s, p.scale, p.scores_low);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nb][e] = round_t<T>(fexp(__fsub_rn(s[nb][e], lse_r[e >> 1])));
-    if (need_mask) {
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = kv0 + nb * 8 + 2 * c + (e & 1);
-          const int row = e < 2 ? row_a : row_b;
-          if (row >= T_ || col >= T_ || (p.causal && col > row)) s[nb][e] = 0.f;
-        }
-    }
+    dq_tile_p<T, NB>(s, p, lse_r, kv0, row_a, row_b, c, need_mask);
     uint32_t pa[BCI / 16][4];
     c_to_a<T, NB>(pa, s);
     // ---- dP = dO V^T
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
     gemm_abt<T, HD, NB>(s, sdO, warp * 16, sVs, 0, lane);
-    if constexpr (DELTA) {
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float dp = s[nb][e];
-          if constexpr (ACC_LOW) dp = round_t<T>(dp);
-          dsum[e >> 1] = __fmaf_rn(dp, a_elem<T, NB>(pa, nb, e), dsum[e >> 1]);
-        }
-    } else {
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float dp = s[nb][e];
-          if constexpr (ACC_LOW) dp = round_t<T>(dp);
-          s[nb][e] = mul_round<T>(a_elem<T, NB>(pa, nb, e), __fsub_rn(dp, del_r[e >> 1]));
-        }
+    dq_tile_ds<T, NB, DELTA, ACC_LOW>(s, pa, del_r, dsum);
+    if constexpr (!DELTA) {
       c_to_a<T, NB>(pa, s);
       // ---- dQ += dS K
       gemm_pv<T, HD, BCI>(dq, pa, sKs, 0, lane);
       if constexpr (ACC_LOW) {
-        if (((j + 1) * BCI) % p.block_k == 0 || j + 1 == n_kv) {
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            const int row = ri ? row_b : row_a;
-            if (row >= T_) continue;
-            const int64_t off = static_cast<int64_t>(row) * C3 + 2 * c;
-#pragma unroll
-            for (int nb = 0; nb < ON; ++nb) {
-              uint32_t* pq = reinterpret_cast<uint32_t*>(gdq + off + nb * 8);
-              const float2 o = flushed ? unpack2<T>(*pq) : make_float2(0.f, 0.f);
-              *pq = pack2<T>(add_round<T>(o.x, dq[nb][2 * ri]),
-                             add_round<T>(o.y, dq[nb][2 * ri + 1]));
-            }
-          }
-          flushed = true;
-#pragma unroll
-          for (int nb = 0; nb < ON; ++nb) dq[nb][0] = dq[nb][1] = dq[nb][2] = dq[nb][3] = 0.f;
-        }
+        if (((j + 1) * BCI) % p.block_k == 0 || j + 1 == n_kv)
+          dq_flush<T, ON>(dq, flushed, gdq, row_a, row_b, T_, C3, c);
       }
     }
     __syncthreads();  // stage st is refilled in the next iteration
   }
 
-  // ---- epilogue
-  if constexpr (DELTA) {
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      float d = quad_sum(dsum[ri]);
-      if constexpr (ACC_LOW) d = round_t<T>(d);
-      const int row = ri ? row_b : row_a;
-      if (c == 0 && row < T_) p.delta[static_cast<int64_t>(bh) * T_ + row] = d;
-    }
-  } else {
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const int row = ri ? row_b : row_a;
-      if (row >= T_) continue;
-      const int64_t off = static_cast<int64_t>(row) * C3 + 2 * c;
-#pragma unroll
-      for (int nb = 0; nb < ON; ++nb) {
-        uint32_t* pq = reinterpret_cast<uint32_t*>(gdq + off + nb * 8);
-        float v0, v1;
-        if constexpr (ACC_LOW) {
-          const float2 o = unpack2<T>(*pq);
-          v0 = o.x;
-          v1 = o.y;
-        } else {
-          v0 = dq[nb][2 * ri];
-          v1 = dq[nb][2 * ri + 1];
-        }
-        *pq = pack2<T>(mul_round<T>(v0, p.scale), mul_round<T>(v1, p.scale));
-      }
-    }
-  }
+  dq_store<T, ON, DELTA, ACC_LOW>(p, dq, dsum, gdq, row_a, row_b, bh, C3, c);
 }
 
 template <class T, int HD, bool ACC_LOW>
