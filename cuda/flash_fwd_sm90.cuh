@@ -32,6 +32,7 @@
 #include "cuda/flash_common.cuh"
 #include "cuda/flash_fwd.cuh"
 #include "cuda/flash_launch.cuh"
+#include "cuda/flash_sm90.cuh"
 #include "cuda/launch.cuh"
 
 namespace st::flash::sm90 {
@@ -39,7 +40,7 @@ namespace st::flash::sm90 {
 using ptx::TmaMap;
 
 constexpr int kBR = 128, kBC = 128, kThreads = 384;
-constexpr uint32_t kBox = 128 * 128;  // bytes of one 64-column box of 128 rows
+constexpr uint32_t kBox = kBoxBytes<128>;  // one 64-column box of 128 rows
 
 template <int HD>
 struct Layout {
@@ -48,25 +49,14 @@ struct Layout {
   static constexpr uint32_t kK = kQ + kBoxes * kBox;       // stage s at kK + s * kStage
   static constexpr uint32_t kStage = kBoxes * kBox;
   static constexpr uint32_t kV = kK + 2 * kStage;
-  static constexpr uint32_t kBars = kV + 2 * kStage;       // q_full, k_full[2], v_full[2], kv_empty[2]
-  static constexpr uint32_t kBytes = kBars + 8 * 8;
+  static constexpr uint32_t kBars = kV + 2 * kStage;       // KvBars (first: Q)
+  static constexpr uint32_t kBytes = kBars + kKvBarsBytes;
   static constexpr size_t kSmem = kBytes + 1024;           // + the alignment of the base
 };
 
 struct Maps {
   TmaMap qkv;  // (3C, T, B), box (64, 128, 1), 128-byte swizzle
 };
-
-// Descriptors. K-major operand (Q rows, K rows): element (r, k) of a box at r * 128 + 2k,
-// swizzled; 8-row groups 1024 bytes apart (SBO); a K = 16 step starts 32 bytes further in the
-// box, k-steps 4.. in the next box. MN-major V: key row r at r * 128 (+ swizzle), 64 columns
-// a box; the next 8 keys 1024 bytes on (SBO), the next 64 columns one box on (LBO).
-__device__ __forceinline__ uint64_t desc_kmajor(uint32_t box0, int row0, int ks) {
-  return ptx::wgmma_desc(box0 + (ks / 4) * kBox + row0 * 128 + (ks % 4) * 32, 16, 1024, 128);
-}
-__device__ __forceinline__ uint64_t desc_v(uint32_t box0, int kk) {
-  return ptx::wgmma_desc(box0 + kk * 16 * 128, kBox, 1024, 128);
-}
 
 template <class T, int HD, bool STAB, bool ACC_LOW>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -77,10 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ST_SHARED_DYNAMIC(unsigned char, smem_raw, 128);
   const uint32_t base = (ptx::smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV;
-  const uint32_t q_full = base + L::kBars;
-  auto k_full = [&](int s) { return base + L::kBars + 8 + 8 * s; };
-  auto v_full = [&](int s) { return base + L::kBars + 24 + 8 * s; };
-  auto kv_empty = [&](int s) { return base + L::kBars + 40 + 8 * s; };
+  const KvBars bars{base + L::kBars};
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31, warp = (tid / 32) % 4;
   const int T_ = p.T, NH = p.NH;
@@ -90,37 +77,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kv_end = p.causal ? min(T_, q0 + kBR) : T_;
   const int n_kv = (kv_end + kBC - 1) / kBC;
 
-  if (tid == 0) {
-    ptx::mbar_init(q_full, 1);
-    for (int s = 0; s < 2; ++s) {
-      ptx::mbar_init(k_full(s), 1);
-      ptx::mbar_init(v_full(s), 1);
-      ptx::mbar_init(kv_empty(s), 8);  // one arrival per consumer warp
-    }
-    ptx::fence_mbarrier_init();
-  }
+  if (tid == 0) bars.init(8);  // kv_empty: one arrival per consumer warp
   __syncthreads();
 
   if (wg == 0) {
     // ---- producer
     ptx::setmaxnreg_dec<24>();
     if (tid != 0) return;
-    constexpr uint32_t kTile = L::kBoxes * kBox;
-    ptx::mbar_arrive_expect_tx(q_full, kTile);
+    ptx::mbar_arrive_expect_tx(bars.first(), L::kBoxes * kBox);
     for (int a = 0; a < L::kBoxes; ++a)
-      ptx::tma_load_3d(sQ + a * kBox, maps.qkv, h * HD + a * 64, q0, b, q_full);
-    for (int j = 0; j < n_kv; ++j) {
-      const int s = j & 1;
-      if (j >= 2) ptx::mbar_wait(kv_empty(s), ((j >> 1) - 1) & 1);  // stage s released
-      ptx::mbar_arrive_expect_tx(k_full(s), kTile);
-      for (int a = 0; a < L::kBoxes; ++a)
-        ptx::tma_load_3d(sK + s * L::kStage + a * kBox, maps.qkv, C + h * HD + a * 64, j * kBC, b,
-                         k_full(s));
-      ptx::mbar_arrive_expect_tx(v_full(s), kTile);
-      for (int a = 0; a < L::kBoxes; ++a)
-        ptx::tma_load_3d(sV + s * L::kStage + a * kBox, maps.qkv, 2 * C + h * HD + a * 64,
-                         j * kBC, b, v_full(s));
-    }
+      ptx::tma_load_3d(sQ + a * kBox, maps.qkv, h * HD + a * 64, q0, b, bars.first());
+    produce_pairs<L::kBoxes, kBC>(bars, maps.qkv, maps.qkv, sK, sV, C + h * HD, 2 * C + h * HD, b,
+                                  0, n_kv);
     return;
   }
 
@@ -142,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // other one go (bar.arrive on the other's id); consumer 1 lets consumer 0 go first.
   constexpr int kPair = 256;
   if (cw == 1) ptx::named_bar_arrive(1, kPair);
-  ptx::mbar_wait(q_full, 0);
+  ptx::mbar_wait(bars.first(), 0);
 
   // Software pipelining inside the warpgroup (FA3's intra-warpgroup overlap): in the steady
   // state, iteration j issues S_j = Q K_j^T, then O~ += P~_{j-1} V_{j-1}, and runs the
@@ -158,14 +126,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_s = [&](int j, float(&sc)[kBC / 2]) {
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ++ks)
-      ptx::wgmma_ss<T, kBC, 0, 0>(sc, desc_kmajor(sQ, cw * 64, ks),
-                                  desc_kmajor(sK + (j & 1) * L::kStage, 0, ks), ks > 0);
+      ptx::wgmma_ss<T, kBC, 0, 0>(sc, desc_kmajor<kBR>(sQ, cw * 64, ks),
+                                  desc_kmajor<kBC>(sK + (j & 1) * L::kStage, 0, ks), ks > 0);
     ptx::wgmma_commit();
   };
   auto issue_pv = [&](int j) {
 #pragma unroll
     for (int kk = 0; kk < kBC / 16; ++kk)
-      ptx::wgmma_rs<T, HD, 1>(o, pa[kk], desc_v(sV + (j & 1) * L::kStage, kk), !ACC_LOW || kk > 0);
+      ptx::wgmma_rs<T, HD, 1>(o, pa[kk], desc_mn<kBC>(sV + (j & 1) * L::kStage, kk), !ACC_LOW || kk > 0);
     ptx::wgmma_commit();
   };
   // S_j retired: the softmax; then (after P~_{j-1} V_{j-1} has retired) O~ scaled and P~_j
@@ -186,13 +154,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::fence_operand(o);
     if constexpr (ACC_LOW) merge_pv_low<T, ON>(acl, alpha_prev, pv);
     __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(kv_empty(j & 1));  // this warp has read stage j & 1
+    if (lane == 0) ptx::mbar_arrive(bars.kv_empty(j & 1));  // this warp has read stage j & 1
   };
 
   {  // tile 0: S only
     float sc[NB][4], alpha[2];
     float(&scf)[kBC / 2] = reinterpret_cast<float(&)[kBC / 2]>(sc);
-    ptx::mbar_wait(k_full(0), 0);
+    ptx::mbar_wait(bars.k_full(0), 0);
     ptx::named_bar_sync(1 + cw, kPair);
     ptx::wgmma_fence();
     issue_s(0, scf);
@@ -205,8 +173,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 1; j < n_kv; ++j) {  // S_j and P~_{j-1} V_{j-1}
     float sc[NB][4], alpha[2];
     float(&scf)[kBC / 2] = reinterpret_cast<float(&)[kBC / 2]>(sc);
-    ptx::mbar_wait(k_full(j & 1), (j >> 1) & 1);
-    ptx::mbar_wait(v_full((j - 1) & 1), ((j - 1) >> 1) & 1);
+    ptx::mbar_wait(bars.k_full(j & 1), (j >> 1) & 1);
+    ptx::mbar_wait(bars.v_full((j - 1) & 1), ((j - 1) >> 1) & 1);
     ptx::named_bar_sync(1 + cw, kPair);
     ptx::fence_operand(o);
     ptx::wgmma_fence();
@@ -222,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   {  // the last tile's P~V
     const int j = n_kv - 1;
-    ptx::mbar_wait(v_full(j & 1), (j >> 1) & 1);
+    ptx::mbar_wait(bars.v_full(j & 1), (j >> 1) & 1);
     ptx::named_bar_sync(1 + cw, kPair);
     ptx::fence_operand(o);
     ptx::wgmma_fence();
@@ -237,13 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <class T, int HD, bool STAB, bool ACC_LOW>
 void launch(const FwdParams& p, cudaStream_t stream) {
   using L = Layout<HD>;
-  const int64_t C3 = 3LL * p.NH * HD;
-  const uint64_t dims[3] = {static_cast<uint64_t>(C3), static_cast<uint64_t>(p.T),
-                            static_cast<uint64_t>(p.B)};
-  const uint64_t strides[2] = {static_cast<uint64_t>(C3) * 2, static_cast<uint64_t>(C3) * 2 * p.T};
-  const uint32_t box[3] = {64, kBC, 1};
   Maps maps;
-  maps.qkv = ptx::make_tma_3d(p.qkv, dims, strides, box, 128);
+  maps.qkv = tma_rows(p.qkv, 3LL * p.NH * HD, p.T, p.B, kBC);  // Q, K and V boxes of 128 rows
   auto kernel = fwd_kernel<T, HD, STAB, ACC_LOW>;
   ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(L::kSmem)));
