@@ -31,8 +31,9 @@ enum class TieShift {
              // more ties a BF16 l = ties * p otherwise rounds, biasing O (docs/numerics.md)
 };
 TieShift parse_tie_shift(const std::string& s);  // beta | exact_sum
-// The CUDA flash forward kernel: mma_sync (cuda/flash_fwd.cuh, sm_80 and later) or sm90
-// (cuda/flash_fwd_sm90.cuh: TMA, wgmma, warp-specialised; Hopper only, tiles (128, 128)).
+// The CUDA flash kernels: mma_sync (cuda/flash_fwd.cuh, flash_bwd.cuh; sm_80 and later) or
+// sm90 (Hopper only, tiles (128, 128): cuda/flash_fwd_sm90.cuh and flash_bwd_sm90.cuh, TMA +
+// wgmma, warp-specialised; the same numerics).
 // The CPU backend has one implementation and ignores the choice.
 enum class FlashKernel { MmaSync, Sm90 };
 FlashKernel parse_flash_kernel(const std::string& s);  // mma_sync | sm90

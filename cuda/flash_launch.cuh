@@ -65,6 +65,12 @@ void bwd_f16(const BwdParams& p, bool acc_low, cudaStream_t s);
 // delta = rowsum(dP * P) over the whole row (delta mode dp_p): a separate pass.
 void delta_dpp_bf16(const BwdParams& p, bool acc_low, cudaStream_t s);
 void delta_dpp_f16(const BwdParams& p, bool acc_low, cudaStream_t s);
+// Hopper (sm_90a, flash_bwd_sm90.cuh), the same numerics and tiles as the mma.sync kernels:
+// the dK/dV kernel, and the dQ kernel or (delta_pass) the dp_p delta pass.
+void dkdv_sm90_bf16(const BwdParams& p, bool acc_low, cudaStream_t s);
+void dkdv_sm90_f16(const BwdParams& p, bool acc_low, cudaStream_t s);
+void dq_sm90_bf16(const BwdParams& p, bool acc_low, bool delta_pass, cudaStream_t s);
+void dq_sm90_f16(const BwdParams& p, bool acc_low, bool delta_pass, cudaStream_t s);
 
 // delta = rowsum(dO * O) (flash_aux.cu), one thread per row, the CPU's sequential FMA chain:
 //   mode 0 (o):      O = out

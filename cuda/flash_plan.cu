@@ -101,8 +101,18 @@ void run_backward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, 
   p.block_q = cfg.block_q;
   p.block_k = cfg.block_k;
   const bool acc_low = n.accum != DType::F32;
-  if (n.delta == DeltaMode::DpP) {
+  // sm90: the Hopper dK/dV and dQ kernels and dp_p delta pass.
+  const bool sm90 = cfg.cuda_kernel == FlashKernel::Sm90;
+  auto dq_sm90 = [&](bool delta_pass) {
     if (fmt == DType::BF16)
+      dq_sm90_bf16(p, acc_low, delta_pass, s);
+    else
+      dq_sm90_f16(p, acc_low, delta_pass, s);
+  };
+  if (n.delta == DeltaMode::DpP) {
+    if (sm90)
+      dq_sm90(true);
+    else if (fmt == DType::BF16)
       delta_dpp_bf16(p, acc_low, s);
     else
       delta_dpp_f16(p, acc_low, s);
@@ -114,6 +124,14 @@ void run_backward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, 
     delta_o(fmt, mode, acc_low, b.dout, b.out, mode == 1 ? b.saved : nullptr,
             mode == 2 ? static_cast<const float*>(b.saved) : nullptr, p.delta, p.B, p.T, p.NH, p.hs,
             s);
+  }
+  if (sm90) {
+    if (fmt == DType::BF16)
+      dkdv_sm90_bf16(p, acc_low, s);
+    else
+      dkdv_sm90_f16(p, acc_low, s);
+    dq_sm90(false);
+    return;
   }
   if (fmt == DType::BF16)
     bwd_bf16(p, acc_low, s);

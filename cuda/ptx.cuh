@@ -332,11 +332,14 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_
                                          bool scale_d) {
 #if ST_SM90A
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (N == 32 && bf) wgmma_ss_m64n32k16_bf16<TA, TB>(d, da, db, scale_d);
+  if constexpr (N == 32 && !bf) wgmma_ss_m64n32k16_f16<TA, TB>(d, da, db, scale_d);
   if constexpr (N == 64 && bf) wgmma_ss_m64n64k16_bf16<TA, TB>(d, da, db, scale_d);
   if constexpr (N == 64 && !bf) wgmma_ss_m64n64k16_f16<TA, TB>(d, da, db, scale_d);
   if constexpr (N == 128 && bf) wgmma_ss_m64n128k16_bf16<TA, TB>(d, da, db, scale_d);
   if constexpr (N == 128 && !bf) wgmma_ss_m64n128k16_f16<TA, TB>(d, da, db, scale_d);
-  static_assert(N == 64 || N == 128, "wgmma_ss: N = 64 or 128 (tools/gen/gen_wgmma_ptx.py)");
+  static_assert(N == 32 || N == 64 || N == 128,
+                "wgmma_ss: N = 32, 64 or 128 (tools/gen/gen_wgmma_ptx.py)");
 #else
   asm volatile("trap;");
 #endif
@@ -346,11 +349,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
                                          bool scale_d) {
 #if ST_SM90A
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (N == 32 && bf) wgmma_rs_m64n32k16_bf16<TB>(d, a, db, scale_d);
+  if constexpr (N == 32 && !bf) wgmma_rs_m64n32k16_f16<TB>(d, a, db, scale_d);
   if constexpr (N == 64 && bf) wgmma_rs_m64n64k16_bf16<TB>(d, a, db, scale_d);
   if constexpr (N == 64 && !bf) wgmma_rs_m64n64k16_f16<TB>(d, a, db, scale_d);
   if constexpr (N == 128 && bf) wgmma_rs_m64n128k16_bf16<TB>(d, a, db, scale_d);
   if constexpr (N == 128 && !bf) wgmma_rs_m64n128k16_f16<TB>(d, a, db, scale_d);
-  static_assert(N == 64 || N == 128, "wgmma_rs: N = 64 or 128 (tools/gen/gen_wgmma_ptx.py)");
+  static_assert(N == 32 || N == 64 || N == 128,
+                "wgmma_rs: N = 32, 64 or 128 (tools/gen/gen_wgmma_ptx.py)");
 #else
   asm volatile("trap;");
 #endif

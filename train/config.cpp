@@ -164,8 +164,8 @@ const Key kSchema[] = {
     {ST_KEY(attention, tie_shift), any(), "stabilized flash: shifted maximum of tied tiles",
      "beta|exact_sum"},
     {ST_KEY(attention, cuda_kernel), any(),
-     "CUDA flash forward kernel: mma_sync (sm_80+) or sm90 (Hopper: TMA, wgmma; tiles "
-     "block_q = block_k = 128; verified on the SIMT emulator, not yet on a GPU)",
+     "CUDA flash kernels: mma_sync (sm_80+) or sm90 (Hopper: TMA, wgmma, forward and "
+     "backward; tiles block_q = block_k = 128; verified on the SIMT emulator, not yet on a GPU)",
      "mma_sync|sm90"},
     {ST_KEY(attention, max_shift), at_least(0),
      "stabilized flash: cap on the max shift; 0: ln(1/min_normal(probs))/2"},

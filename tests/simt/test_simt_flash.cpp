@@ -590,11 +590,12 @@ INSTANTIATE_TEST_SUITE_P(Formats, SimtFlashStats, ::testing::Values(DType::BF16,
 
 // ---------------------------------------------------------------- the sm_90 kernel
 
-// The Hopper forward (cuda/flash_fwd_sm90.cuh: TMA, mbarriers, wgmma, warp specialisation,
-// ping-pong named barriers) against the mma.sync kernel at the same tiles (128, 128): the
-// emulator's wgmma sums each K = 16 step exactly as its mma.sync does, and both kernels call
-// the same softmax and epilogue code, so every output must be the same bits (O, lse, the
-// saved o32 / residual, the P~ == 1 counts). And O against the CPU lab, as above. Shapes no
+// The Hopper kernels (cuda/flash_fwd_sm90.cuh, flash_bwd_sm90.cuh: TMA, mbarriers, wgmma,
+// warp specialisation, ping-pong named barriers; the forward, the dK/dV and dQ kernels and the
+// dp_p delta pass) against the mma.sync kernels at the same tiles (128, 128): the emulator's wgmma sums
+// each K = 16 step exactly as its mma.sync does, and the kernels call the same per-tile code,
+// so every output must be the same bits (O, lse, the saved o32 / residual, the P~ == 1
+// counts, delta, dQ/dK/dV). And O against the CPU lab, as above. Shapes no
 // other test uses: T = 1, T not a multiple of the tile, three key tiles (the producer reuses
 // a stage after the consumers release it), causal and not, several batches and heads.
 struct Sm90Case {
@@ -641,17 +642,20 @@ TEST_P(SimtFlashSm90, SameBitsAsMmaSyncKernelAndMatchesCpu) {
       if (n.delta == DeltaMode::OSplit) saved = Buf(cs.fmt, d.n_out());
       if (cs.ptilde) ptilde = Buf(DType::I32, d.rows());
       emulated_forward(c, d, cs.fmt, qkv, out, lse, saved, ptilde);
-      return std::vector<Buf>{out, lse, saved, ptilde};
+      const Buf dout = dev(in.dout, cs.fmt);
+      const Buf delta(DType::F32, d.rows()), dqkv(cs.fmt, d.n_qkv());
+      emulated_backward(c, d, cs.fmt, qkv, dout, out, lse, saved, delta, dqkv);
+      return std::vector<Buf>{out, lse, saved, ptilde, delta, dqkv};
     });
   };
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Buf> hop = forward(FlashKernel::Sm90);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::vector<Buf> ref = forward(FlashKernel::MmaSync);
-  ASSERT_EQ(hop.size(), 4u);
-  ASSERT_EQ(ref.size(), 4u);
-  const char* what[] = {"O", "lse", "saved", "p_tilde_one"};
-  for (size_t i = 0; i < 4; ++i)
+  ASSERT_EQ(hop.size(), 6u);
+  ASSERT_EQ(ref.size(), 6u);
+  const char* what[] = {"O", "lse", "saved", "p_tilde_one", "delta", "dQKV"};
+  for (size_t i = 0; i < 6; ++i)
     EXPECT_TRUE(same_bytes(hop[i], ref[i])) << what[i] << ": the sm_90 kernel's bits differ";
   const Err eo = diff(values(hop[0]), values(run_cpu(*cpu_, cfg, in, cs.fmt, false).out));
   std::printf("simt flash %s emulated (2 schedules) in %.2f s\n", name.c_str(), secs);
@@ -664,7 +668,7 @@ std::vector<Sm90Case> sm90_cases() {
       {DType::BF16, 64, false, false, false, D::O, true, 1, 1, 1, true},
       {DType::BF16, 64, true, false, true, D::OSplit, false, 200, 2, 1, true},
       {DType::BF16, 128, false, true, false, D::OFp32, true, 130, 1, 2, false},
-      {DType::BF16, 128, true, true, true, D::O, true, 37, 1, 1, true},
+      {DType::BF16, 128, true, true, true, D::DpP, true, 37, 1, 1, true},
       {DType::F16, 64, true, true, false, D::OFp32, false, 300, 1, 1, true},
       {DType::F16, 128, false, false, true, D::OSplit, false, 77, 1, 1, false},
   };

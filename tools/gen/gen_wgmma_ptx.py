@@ -6,7 +6,7 @@ generated. Included by cuda/ptx.cuh on the GPU side only.
 
     python3 tools/gen/gen_wgmma_ptx.py > cuda/wgmma_ptx.inc
 """
-NS = (64, 128)
+NS = (32, 64, 128)
 TYPES = (("bf16", "bf16"), ("f16", "f16"))
 
 

@@ -1,0 +1,13 @@
+// The sm_90a flash attention dK/dV and dQ kernels and the dp_p delta pass, bf16 storage (flash_bwd_sm90.cuh).
+#include "cuda/flash_bwd_sm90.cuh"
+
+namespace st::flash {
+
+void dkdv_sm90_bf16(const BwdParams& p, bool acc_low, cudaStream_t s) {
+  sm90::dkdv_dispatch<__nv_bfloat16>(p, acc_low, s);
+}
+void dq_sm90_bf16(const BwdParams& p, bool acc_low, bool delta_pass, cudaStream_t s) {
+  sm90::dq_dispatch<__nv_bfloat16>(p, acc_low, delta_pass, s);
+}
+
+}  // namespace st::flash
