@@ -131,6 +131,24 @@ struct Args {
   std::string only;  // --only flash|baseline: those rows alone
 };
 
+// The mma.sync backward kernels' ptxas registers (dK/dV, dQ) at head size d, accumulator mode acc.
+void bwd_regs(const std::map<std::string, int>& regs, int d, int acc, int& dkdv_regs, int& dq_regs) {
+  dkdv_regs = dq_regs = 0;
+  for (const auto& [k, r] : regs) {
+    const std::string hd = std::to_string(d) + ",";
+    const std::string tail = "," + std::to_string(acc);
+    auto ends = [&](const std::string& s) {
+      return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const std::string args = k.substr(k.find(' ') + 1);
+    if (k.rfind("dkdv_kernel " + hd, 0) == 0 && ends(args)) dkdv_regs = r;
+    if (k.rfind("dq_kernel " + hd, 0) == 0 && ends(args) &&
+        args.substr(0, args.size() - tail.size()).back() == '0')
+      dq_regs = r;
+  }
+  if (!dkdv_regs || !dq_regs) throw std::runtime_error("no ptxas registers for the backward");
+}
+
 std::vector<ComputeRow> build_rows(const Args& a) {
   const auto regs = read_regs();
   std::vector<ComputeRow> rows;
@@ -169,19 +187,7 @@ std::vector<ComputeRow> build_rows(const Args& a) {
       rows.push_back(f);
       if (kind == 0) {  // the backward kernels do not depend on the kind: run once
         bwd = traced(a.max_blocks, [&] { flash::run_backward(cfg, n, fmt, cd, b, nullptr); });
-        for (const auto& [k, r] : regs) {
-          const std::string hd = std::to_string(d) + ",";
-          const std::string tail = "," + std::to_string(acc);
-          auto ends = [&](const std::string& s) {
-            return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-          };
-          const std::string args = k.substr(k.find(' ') + 1);
-          if (k.rfind("dkdv_kernel " + hd, 0) == 0 && ends(args)) dkdv_regs = r;
-          if (k.rfind("dq_kernel " + hd, 0) == 0 && ends(args) &&
-              args.substr(0, args.size() - tail.size()).back() == '0')
-            dq_regs = r;
-        }
-        if (!dkdv_regs || !dq_regs) throw std::runtime_error("no ptxas registers for the backward");
+        bwd_regs(regs, d, acc, dkdv_regs, dq_regs);
       }
       ComputeRow w;
       w.name = std::string(kname) + " bwd";
@@ -270,13 +276,17 @@ void sm90_predictions(const Args& a, const Gpu& g, const ComputeParams& p) {
   if (csv)
     std::fprintf(csv, "method,d,T,B,H,pred_add_ms,pred_overlap_ms,tflops_add,tflops_overlap,"
                       "mma_sync_fwd_ms,torch_fa2_fwd_ms,bound\n");
+  const auto regs = read_regs();
+  std::vector<std::string> bwd_lines;
   for (size_t i = 0; i < std::size(kMeasured); ++i) {
     const Measured& m = kMeasured[i];
     const int d = m.d, T = m.T, H = 2048 / d, B = 16384 / T, C = H * d;
     const size_t BT = static_cast<size_t>(B) * T;
-    Mem qkv(BT * 3 * C * 2), out(BT * C * 2), lse(BT * H * 4);
+    Mem qkv(BT * 3 * C * 2), out(BT * C * 2), lse(BT * H * 4), dout(BT * C * 2),
+        delta(BT * H * 4), dqkv(BT * 3 * C * 2);
     flash::Buffers b;
     b.qkv = qkv.p, b.out = out.p, b.lse = static_cast<float*>(lse.p);
+    b.dout = dout.p, b.delta = static_cast<float*>(delta.p), b.dqkv = dqkv.p;
     const flash::CallDims cd{B, T, H, d};
     for (int kind = 0; kind < 2; ++kind) {
       AttentionConfig cfg;
@@ -303,8 +313,39 @@ void sm90_predictions(const Args& a, const Gpu& g, const ComputeParams& p) {
                      t0, flop / (t1 * 1e9), flop / (t0 * 1e9), m.fwd[kind], kTorchFa2Fwd[i],
                      k1.bound);
       std::fflush(stdout);
+      if (kind != 0) continue;
+      // The sm90 backward: the delta pass (memory-bound model), the sm_90 dK/dV and dQ kernels
+      // (168 registers), each predicted; the mma.sync backward predicted the same way beside
+      // it (its ptxas registers; both under the calibration).
+      int dkdv_regs = 0, dq_regs = 0;
+      bwd_regs(regs, d, 0, dkdv_regs, dq_regs);
+      ComputeRow hop, ref;
+      for (ComputeRow* r : {&hop, &ref}) {
+        AttentionConfig bc = cfg;
+        if (r == &ref) bc.cuda_kernel = FlashKernel::MmaSync, bc.block_k = d == 64 ? 128 : 64;
+        const auto ls = traced(a.max_blocks, [&] { flash::run_backward(bc, n, fmt, cd, b, nullptr); });
+        int k = 0;
+        for (const auto& l : ls) {
+          if (l.kernel.find("BwdParams") == std::string::npos) {
+            r->memory.push_back(l);
+          } else {
+            const bool dkdv = k++ == 0;
+            r->compute.emplace_back(l, r == &hop ? kSm90Regs : dkdv ? dkdv_regs : dq_regs);
+          }
+        }
+      }
+      const double th = predict_compute_row(hop, g, p) / 1e3, tr = predict_compute_row(ref, g, p) / 1e3;
+      const double th0 = predict_compute_row(hop, g, p0) / 1e3;
+      char line[256];
+      std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.3f | %.3f | %.2f |", shape, th, th0, tr,
+                    m.bwd[0], tr / th);
+      bwd_lines.push_back(line);
     }
   }
+  std::printf("\n## sm_90 backward (dK/dV and dQ kernels): predicted (not measured), H200\n\n");
+  std::printf("| shape | predicted ms (pipes add) | predicted ms (pipes overlap) | mma.sync backward "
+              "predicted ms | measured ms | predicted speed-up |\n|---|---|---|---|---|---|\n");
+  for (const std::string& l : bwd_lines) std::printf("%s\n", l.c_str());
   std::printf("\nratio = measured mma.sync (or torch) time / predicted sm_90 time: > 1 means the "
               "sm_90 kernel is predicted faster; the two figures are the pipes-add and "
               "pipes-overlap predictions\n");
