@@ -32,6 +32,7 @@
 #include "cuda/attention_softmax.h"
 #include "cuda/flash_plan.h"
 #include "simt/cost/cost_model.h"
+#include "simt/cost/emu_run.h"
 #include "simt/simt.h"
 
 #ifndef ST_COST_DIR
@@ -40,34 +41,6 @@
 
 namespace st::cost {
 namespace {
-
-// Device memory under the emulator: zero pages from mmap (as simt_cost_model.cpp).
-struct Mem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Mem(size_t b) : bytes(std::max<size_t>(b, 4096)) {
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-             -1, 0);
-    if (p == MAP_FAILED) throw std::runtime_error("mmap of " + std::to_string(bytes) + " bytes");
-  }
-  ~Mem() { munmap(p, bytes); }
-  Mem(const Mem&) = delete;
-  Mem& operator=(const Mem&) = delete;
-};
-
-std::vector<simt::LaunchTraffic> traced(uint64_t max_blocks, const std::function<void()>& launch) {
-  auto& log = simt::traffic_log();
-  log.clear();
-  simt::options().count_traffic = true;
-  simt::options().max_blocks = max_blocks;
-  const uint64_t fails = simt::failures();
-  launch();
-  simt::options().count_traffic = false;
-  simt::options().max_blocks = 0;
-  if (simt::failures() != fails || cudaGetLastError() != cudaSuccess)
-    throw std::runtime_error("a launch failed: " + simt::last_failure());
-  return log;
-}
 
 // ptxas -v registers: "kernel args regs ..." lines of ptxas_sm90_flash_bf16.txt.
 std::map<std::string, int> read_regs() {

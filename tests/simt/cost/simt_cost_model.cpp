@@ -24,47 +24,13 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "simt/cost/cost_model.h"
+#include "simt/cost/emu_run.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/kernels.h"
 #include "simt/simt.h"
 
 namespace st::cost {
 namespace {
-
-// Device memory under the emulator: zero pages from mmap, so that a gigabyte the sampled
-// blocks never touch costs nothing.
-struct Mem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Mem(size_t b) : bytes(std::max<size_t>(b, 4096)) {
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-             -1, 0);
-    if (p == MAP_FAILED) throw std::runtime_error("simt_cost_model: mmap of " +
-                                                  std::to_string(bytes) + " bytes failed");
-  }
-  ~Mem() { munmap(p, bytes); }
-  Mem(const Mem&) = delete;
-  Mem& operator=(const Mem&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-// Runs `launch` in the emulator with traffic counting; returns the launches it made.
-std::vector<simt::LaunchTraffic> traced(uint64_t max_blocks, const std::function<void()>& launch) {
-  auto& log = simt::traffic_log();
-  log.clear();
-  simt::options().count_traffic = true;
-  simt::options().max_blocks = max_blocks;
-  const uint64_t fails = simt::failures();
-  launch();
-  simt::options().count_traffic = false;
-  simt::options().max_blocks = 0;
-  if (simt::failures() != fails || cudaGetLastError() != cudaSuccess)
-    throw std::runtime_error("simt_cost_model: a launch failed: " + simt::last_failure());
-  return log;
-}
 
 std::string shape_of(std::initializer_list<long long> dims) {
   std::string s;
