@@ -127,7 +127,10 @@ __global__ void __launch_bounds__(kDqThreads, 1)
     const int kv0 = j * kBCI;
     const bool need_mask =
         q0 + kBRQ > T_ || kv0 + kBCI > T_ || (p.causal && kv0 + kBCI - 1 > q0);
-    ptx::wgmma_wait<1>();  // S
+    if constexpr (DELTA && ACC_LOW)
+      ptx::wgmma_wait<0>();  // S and dP (overlapping them here made ptxas serialise, C7514)
+    else
+      ptx::wgmma_wait<1>();  // S
     ptx::fence_operand(scf);
     dq_tile_p<T, NB>(sc, p, lse_r, kv0, row_a, row_b, c, need_mask);
     uint32_t pa[kBCI / 16][4];
