@@ -1,5 +1,6 @@
 // bench train: training throughput of a GPT-2 (124M by default) on one device.
 //   bench train [--device auto|cpu|cuda] [--B 0] [--T 1024] [--steps 10] [--attention baseline]
+//               [--cuda-kernel mma_sync|sm90]
 //               [--precision bf16] [--recompute none] [--peak-tflops 0] [--layers 12 ...]
 // Prints tokens/s, ms/step and MFU (llm.c's convention: FLOPs per token = 6 N + 6 L C T with
 // N every parameter, padded vocabulary included; peak 989 TFLOP/s dense BF16 for H100 and
@@ -34,6 +35,7 @@ struct TrainBenchArgs {
   std::string device = "auto";
   int B = 0, T = 1024, steps = 10, warmup = 2, breakdown_steps = 3;
   std::string attention = "baseline", precision = "bf16", recompute = "none";
+  std::string cuda_kernel = "mma_sync";  // attention.cuda_kernel (flash kinds)
   double peak_tflops = 0;
   GPT2Config cfg;  // 124M by default
 };
@@ -61,6 +63,8 @@ struct Setup {
     }
     AttentionConfig ac;
     ac.kind = parse_attention_kind(a.attention);
+    ac.cuda_kernel = parse_flash_kernel(a.cuda_kernel);
+    if (ac.cuda_kernel == FlashKernel::Sm90) ac.block_q = ac.block_k = 128;  // its tiles
     model = std::make_unique<GPT2>(a.cfg, *use, parse_dtype(a.precision), ac);
     model->set_recompute(parse_recompute(a.recompute));
     model->init_weights(1337);
@@ -219,6 +223,9 @@ CLI::App* add_train_bench(CLI::App& app, int& rc) {
   sub->add_option("--breakdown-steps", args->breakdown_steps, "steps of the timed-per-call pass; 0: none")
       ->capture_default_str();
   sub->add_option("--attention", args->attention, "baseline | flash | stabilized_flash | cudnn")->capture_default_str();
+  sub->add_option("--cuda-kernel", args->cuda_kernel,
+                  "flash kernels: mma_sync | sm90 (Hopper; tiles 128x128)")
+      ->capture_default_str();
   sub->add_option("--precision", args->precision, "fp32 | bf16 | fp16")->capture_default_str();
   sub->add_option("--recompute", args->recompute, "none | gelu | gelu_layernorm")->capture_default_str();
   sub->add_option("--peak-tflops", args->peak_tflops, "peak for MFU; 0: 989 on H100/H200")

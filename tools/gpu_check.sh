@@ -381,6 +381,9 @@ if has_stage bench && ((PROGRAMS_OK)); then
     bench_step "$B/bench_train.txt" 120 "bench train --attention $attn" \
       "$BIN/bench" train --device cuda --attention "$attn"
   done
+  # the Hopper flash kernels (attention.cuda_kernel: sm90) in the step
+  bench_step "$B/bench_train.txt" 120 "bench train --attention flash --cuda-kernel sm90" \
+    "$BIN/bench" train --device cuda --attention flash --cuda-kernel sm90
   bench_step "$B/bench_gpu.txt" 90 "bench_gpu kernels" "$BIN/bench_gpu" kernels
   # the cost model's predictions (made on the CPU before this run) beside the measured rows
   pred="$(ls bench/results/*_cost_model_h200.csv 2>/dev/null | sort | tail -1)"
