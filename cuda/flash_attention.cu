@@ -68,9 +68,7 @@ class FlashAttentionCuda : public Attention {
       if (major != 9 || minor != 0)
         fail("attention.cuda_kernel = sm90 needs a Hopper GPU (compute capability 9.0; this is ",
              major, ".", minor, "): use attention.cuda_kernel: mma_sync");
-      if (cfg.block_q != 128 || cfg.block_k != 128)
-        fail("attention.cuda_kernel = sm90 needs attention.block_q = 128 and attention.block_k = "
-             "128 (got ", cfg.block_q, ", ", cfg.block_k, ")");
+      flash::check_kernel_tiles(cfg);
     }
     if (cfg.rule != RoundingRule::Gpu)
       fail("attention.rule = ", rounding_rule_name(cfg.rule),

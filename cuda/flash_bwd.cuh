@@ -95,31 +95,40 @@ __device__ __forceinline__ void dkdv_tile_ds(float (&s)[NBQ][4], const uint32_t 
       s[nb][e] = mul_round<T>(a_elem<T, NBQ>(pa, nb, e), __fsub_rn(dp, del(nb * 8 + 2 * c + (e & 1))));
     }
 }
-// ACC_LOW: the FP32 partial dK, dV added to the T accumulators held in dqkv, restarted at 0.
+// ACC_LOW: an FP32 partial (the thread's rows row_a, row_b of a (T, 3C) slice at g) added to
+// the T accumulator the output holds (0 before the first flush), one correct rounding per
+// element. The dK/dV and dQ kernels' flushes.
+template <class T, int ON>
+__device__ __forceinline__ void add_partial(const float (&acc)[ON][4], bool flushed, T* g,
+                                            int row_a, int row_b, int T_, int64_t C3, int c) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int row = ri ? row_b : row_a;
+    if (row >= T_) continue;
+    const int64_t off = static_cast<int64_t>(row) * C3 + 2 * c;
+#pragma unroll
+    for (int nb = 0; nb < ON; ++nb) {
+      uint32_t* pg = reinterpret_cast<uint32_t*>(g + off + nb * 8);
+      const float2 o = flushed ? unpack2<T>(*pg) : make_float2(0.f, 0.f);
+      *pg = pack2<T>(add_round<T>(o.x, acc[nb][2 * ri]), add_round<T>(o.y, acc[nb][2 * ri + 1]));
+    }
+  }
+}
+template <int ON>
+__device__ __forceinline__ void zero_acc(float (&acc)[ON][4]) {
+#pragma unroll
+  for (int nb = 0; nb < ON; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+}
+// ACC_LOW: dK and dV flushed into dqkv and restarted from zero.
 template <class T, int ON>
 __device__ __forceinline__ void dkdv_flush(float (&dk)[ON][4], float (&dv)[ON][4], bool& flushed,
                                            T* gdk, T* gdv, int key_a, int key_b, int T_,
                                            int64_t C3, int c) {
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int key = ri ? key_b : key_a;
-    if (key >= T_) continue;
-    const int64_t off = static_cast<int64_t>(key) * C3 + 2 * c;
-#pragma unroll
-    for (int nb = 0; nb < ON; ++nb) {
-      uint32_t* pk = reinterpret_cast<uint32_t*>(gdk + off + nb * 8);
-      uint32_t* pv = reinterpret_cast<uint32_t*>(gdv + off + nb * 8);
-      const float2 ok = flushed ? unpack2<T>(*pk) : make_float2(0.f, 0.f);
-      const float2 ov = flushed ? unpack2<T>(*pv) : make_float2(0.f, 0.f);
-      *pk = pack2<T>(add_round<T>(ok.x, dk[nb][2 * ri]), add_round<T>(ok.y, dk[nb][2 * ri + 1]));
-      *pv = pack2<T>(add_round<T>(ov.x, dv[nb][2 * ri]), add_round<T>(ov.y, dv[nb][2 * ri + 1]));
-    }
-  }
+  add_partial<T, ON>(dk, flushed, gdk, key_a, key_b, T_, C3, c);
+  add_partial<T, ON>(dv, flushed, gdv, key_a, key_b, T_, C3, c);
   flushed = true;
-#pragma unroll
-  for (int nb = 0; nb < ON; ++nb)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[nb][e] = dv[nb][e] = 0.f;
+  zero_acc<ON>(dk);
+  zero_acc<ON>(dv);
 }
 // The end: dK = round_T(scale dK), dV = round_T(dV) (ACC_LOW: dK from its T accumulator; dV
 // is final already).
@@ -302,26 +311,13 @@ __device__ __forceinline__ void dq_tile_ds(float (&s)[NB][4], const uint32_t (&p
         s[nb][e] = mul_round<T>(a_elem<T, NB>(pa, nb, e), __fsub_rn(dp, del_r[e >> 1]));
     }
 }
-// ACC_LOW: the FP32 partial dQ added to the T accumulator held in dqkv (one correct rounding
-// per element), then restarted from zero.
+// ACC_LOW: dQ flushed into dqkv and restarted from zero.
 template <class T, int ON>
 __device__ __forceinline__ void dq_flush(float (&dq)[ON][4], bool& flushed, T* gdq, int row_a,
                                          int row_b, int T_, int64_t C3, int c) {
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int row = ri ? row_b : row_a;
-    if (row >= T_) continue;
-    const int64_t off = static_cast<int64_t>(row) * C3 + 2 * c;
-#pragma unroll
-    for (int nb = 0; nb < ON; ++nb) {
-      uint32_t* pq = reinterpret_cast<uint32_t*>(gdq + off + nb * 8);
-      const float2 o = flushed ? unpack2<T>(*pq) : make_float2(0.f, 0.f);
-      *pq = pack2<T>(add_round<T>(o.x, dq[nb][2 * ri]), add_round<T>(o.y, dq[nb][2 * ri + 1]));
-    }
-  }
+  add_partial<T, ON>(dq, flushed, gdq, row_a, row_b, T_, C3, c);
   flushed = true;
-#pragma unroll
-  for (int nb = 0; nb < ON; ++nb) dq[nb][0] = dq[nb][1] = dq[nb][2] = dq[nb][3] = 0.f;
+  zero_acc<ON>(dq);
 }
 // The end of the rows: DELTA, delta = the row sums (quad reduction); else dQ = round_T(scale
 // dQ) (ACC_LOW: of the T accumulator in dqkv).

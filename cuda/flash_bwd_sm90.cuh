@@ -29,7 +29,7 @@ namespace st::flash::sm90 {
 
 using ptx::TmaMap;
 
-constexpr int kBRQ = 128, kBCI = 64, kDqThreads = 384;
+constexpr int kBRQ = 128, kBCI = 64;
 
 template <int HD>
 struct DqLayout {
@@ -49,13 +49,13 @@ struct DqMaps {
 };
 
 template <class T, int HD, bool DELTA, bool ACC_LOW>
-__global__ void __launch_bounds__(kDqThreads, 1)
+__global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const BwdParams p, const ST_GRID_CONSTANT DqMaps maps) {
   using L = DqLayout<HD>;
   constexpr int NB = kBCI / 8;  // S, dP n-blocks per thread
   constexpr int ON = HD / 8;    // dQ n-blocks per thread
   ST_SHARED_DYNAMIC(unsigned char, smem_raw, 128);
-  const uint32_t base = (ptx::smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = aligned_base(smem_raw);
   const uint32_t sQ = base + L::kQ, sdO = base + L::kdO, sK = base + L::kK, sV = base + L::kV;
   const KvBars bars{base + L::kBars};
 
@@ -175,7 +175,7 @@ void launch_dq(const BwdParams& p, cudaStream_t stream) {
   ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(L::kSmem)));
   const dim3 grid(static_cast<unsigned>(p.B * p.NH), static_cast<unsigned>((p.T + kBRQ - 1) / kBRQ));
-  cudak::launch(kernel, grid, kDqThreads, L::kSmem, stream, p, maps);
+  cudak::launch(kernel, grid, kThreads, L::kSmem, stream, p, maps);
   ST_CUDA_CHECK_LAUNCH(DELTA ? "flash sm90 delta (dp_p) kernel" : "flash sm90 dq_kernel");
 }
 
@@ -206,14 +206,14 @@ struct DkdvMaps {
 };
 
 template <class T, int HD, bool ACC_LOW>
-__global__ void __launch_bounds__(kDqThreads, 1)
+__global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const BwdParams p, const ST_GRID_CONSTANT DkdvMaps maps) {
   using L = DkdvLayout<HD>;
   constexpr int BRI = L::kRows;
   constexpr int NBQ = BRI / 8;  // S^T, dP^T n-blocks (queries) per thread
   constexpr int ON = HD / 8;
   ST_SHARED_DYNAMIC(unsigned char, smem_raw, 128);
-  const uint32_t base = (ptx::smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = aligned_base(smem_raw);
   const uint32_t sK = base + L::kK, sV = base + L::kV, sQ = base + L::kQ, sdO = base + L::kdO;
   const KvBars bars{base + L::kBars};
 
@@ -340,7 +340,7 @@ void launch_dkdv(const BwdParams& p, cudaStream_t stream) {
   ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(L::kSmem)));
   const dim3 grid(static_cast<unsigned>(p.B * p.NH), static_cast<unsigned>((p.T + kBCK - 1) / kBCK));
-  cudak::launch(kernel, grid, kDqThreads, L::kSmem, stream, p, maps);
+  cudak::launch(kernel, grid, kThreads, L::kSmem, stream, p, maps);
   ST_CUDA_CHECK_LAUNCH("flash sm90 dkdv_kernel");
 }
 

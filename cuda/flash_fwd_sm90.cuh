@@ -39,7 +39,7 @@ namespace st::flash::sm90 {
 
 using ptx::TmaMap;
 
-constexpr int kBR = 128, kBC = 128, kThreads = 384;
+constexpr int kBR = 128, kBC = 128;
 constexpr uint32_t kBox = kBoxBytes<128>;  // one 64-column box of 128 rows
 
 template <int HD>
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int NB = kBC / 8;  // S n-blocks per thread
   constexpr int ON = HD / 8;   // O n-blocks per thread
   ST_SHARED_DYNAMIC(unsigned char, smem_raw, 128);
-  const uint32_t base = (ptx::smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = aligned_base(smem_raw);
   const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV;
   const KvBars bars{base + L::kBars};
 

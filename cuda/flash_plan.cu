@@ -57,6 +57,13 @@ void set_shape(P& p, const AttentionConfig& cfg, const AttnNumerics& n, const Ca
 }
 }  // namespace
 
+void check_kernel_tiles(const AttentionConfig& cfg) {
+  if (cfg.cuda_kernel == FlashKernel::Sm90 && (cfg.block_q != 128 || cfg.block_k != 128))
+    fail("attention.cuda_kernel = sm90 needs attention.block_q = 128 and attention.block_k = "
+         "128 (got ", cfg.block_q, ", ", cfg.block_k, "): its tiles are fixed, and block_k "
+         "sets where the low-precision accumulator rounds");
+}
+
 void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, const CallDims& d,
                  const Buffers& b, cudaStream_t s) {
   FwdParams p;
@@ -73,10 +80,7 @@ void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, c
   const bool stab = cfg.kind == AttentionKind::StabilizedFlash;
   const bool acc_low = n.accum != DType::F32;
   if (cfg.cuda_kernel == FlashKernel::Sm90) {
-    if (cfg.block_q != 128 || cfg.block_k != 128)
-      fail("attention.cuda_kernel = sm90 needs attention.block_q = 128 and attention.block_k = "
-           "128 (got ", cfg.block_q, ", ", cfg.block_k, "): its tiles are fixed, and block_k "
-           "sets where the low-precision accumulator rounds");
+    check_kernel_tiles(cfg);
     if (fmt == DType::BF16)
       fwd_sm90_bf16(p, stab, acc_low, s);
     else

@@ -40,6 +40,10 @@ struct CallDims {
   int B = 0, T = 0, NH = 0, hs = 0;
 };
 
+// attention.cuda_kernel = sm90 runs tiles (128, 128) only: anything else throws a one-line
+// error naming the keys (the class checks it at construction, run_forward again).
+void check_kernel_tiles(const AttentionConfig& cfg);
+
 // The forward kernel of cfg (flash or stabilized, tiles, accumulator mode).
 void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, const CallDims& d,
                  const Buffers& b, cudaStream_t s);

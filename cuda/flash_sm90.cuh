@@ -16,6 +16,15 @@ namespace st::flash::sm90 {
 template <int ROWS>
 constexpr uint32_t kBoxBytes = ROWS * 128;
 
+// Every sm_90 kernel: one producer warpgroup and two consumer warpgroups.
+constexpr int kThreads = 384;
+
+// The dynamic shared memory's first 1024-byte-aligned address (the 128-byte swizzle repeats
+// every 1024 bytes and is computed from address bits; kernels allocate 1024 bytes more).
+__device__ __forceinline__ uint32_t aligned_base(const void* smem) {
+  return (ptx::smem_addr(smem) + 1023u) & ~1023u;
+}
+
 // K-major: rows row0.. of the tile, K = 16 columns from 16 ks: 32 bytes into the row for each
 // of the 4 steps inside a box, then the next box; 8-row groups 1024 bytes apart (SBO; LBO is
 // unused with a swizzle).

@@ -595,7 +595,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, SimtFlashStats, ::testing::Values(DType::BF16,
 // dp_p delta pass) against the mma.sync kernels at the same tiles (128, 128): the emulator's wgmma sums
 // each K = 16 step exactly as its mma.sync does, and the kernels call the same per-tile code,
 // so every output must be the same bits (O, lse, the saved o32 / residual, the P~ == 1
-// counts, delta, dQ/dK/dV). And O against the CPU lab, as above. Shapes no
+// counts, delta, dQ/dK/dV). And O and the gradients against the CPU lab, as above. Shapes no
 // other test uses: T = 1, T not a multiple of the tile, three key tiles (the producer reuses
 // a stage after the consumers release it), causal and not, several batches and heads.
 struct Sm90Case {
@@ -657,9 +657,19 @@ TEST_P(SimtFlashSm90, SameBitsAsMmaSyncKernelAndMatchesCpu) {
   const char* what[] = {"O", "lse", "saved", "p_tilde_one", "delta", "dQKV"};
   for (size_t i = 0; i < 6; ++i)
     EXPECT_TRUE(same_bytes(hop[i], ref[i])) << what[i] << ": the sm_90 kernel's bits differ";
-  const Err eo = diff(values(hop[0]), values(run_cpu(*cpu_, cfg, in, cs.fmt, false).out));
+  // Independently of the mma.sync kernels: O and the gradients against the CPU lab, with
+  // ForwardBackwardMatchCpu's tolerances.
+  const CpuOut cpu = run_cpu(*cpu_, cfg, in, cs.fmt, true);
+  const Err eo = diff(values(hop[0]), values(cpu.out));
   std::printf("simt flash %s emulated (2 schedules) in %.2f s\n", name.c_str(), secs);
   expect_within(name, "O", eo, 4 * ulp_at(eo.max_ref, cs.fmt), cs.fmt);
+  const char* parts[3] = {"dQ", "dK", "dV"};
+  const size_t last = static_cast<size_t>(3 * d.C());
+  for (int q = 0; q < 3; ++q) {
+    const Err e = diff(values(hop[5], q, last), values(cpu.dqkv, q));
+    expect_within(name, parts[q], e, (cs.acc_low ? 16 : 8) * ulp_at(e.max_ref, cs.fmt) + 1e-5,
+                  cs.fmt);
+  }
 }
 
 std::vector<Sm90Case> sm90_cases() {
