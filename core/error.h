@@ -28,6 +28,20 @@ template <class... A>
   throw Error(os.str());
 }
 
+// A write to a file that failed (a full disk, an I/O error): callers that know what is on
+// disk (the trainer) add how to go on.
+class WriteError : public Error {
+ public:
+  using Error::Error;
+};
+
+template <class... A>
+[[noreturn]] void fail_write(const A&... a) {
+  std::ostringstream os;
+  detail::build(os, a...);
+  throw WriteError(os.str());
+}
+
 }  // namespace st
 
 // ST_CHECK(cond, "what", value, "expected ...") throws st::Error naming the failed condition.

@@ -22,8 +22,10 @@
 // damaged file always reads "corrupt". A checksum only proves the file is what its writer
 // wrote, so the values are then checked too ("inconsistent checkpoint: <field> = <value>,
 // expected ..."):
-//   step >= 0; 0 <= adam_step <= 2^31-1; loss_scale finite and > 0;
-//   loss_scale_good_steps >= 0; compute one of fp32, bf16, fp16, fp64;
+//   0 <= step <= 99,999,999 (8-digit checkpoint names); 0 <= adam_step <= step;
+//   compute one of fp32, bf16, fp16, fp64; fp16: 1 <= loss_scale <= 2^24 (the loss
+//   scaler's bounds) and loss_scale_good_steps >= 0, other formats: loss_scale exactly 1
+//   and loss_scale_good_steps 0;
 //   the shape records within check_model_shape's bounds (model/gpt2.h), padded_vocab_size
 //   >= vocab_size; master_elem_bytes 4 or 8, master/m/v of equal sizes, a multiple of it;
 //   master of exactly num_parameters(shape) values (rank files: shard_end - shard_begin,
@@ -31,8 +33,9 @@
 //   1 <= dist_world <= 2^20, optim_shards 0 or dist_world, shard_rank >= -1 and no shard
 //   range without a shard_rank; rng_state and data_state empty (a file not written by the
 //   trainer) or exactly as Rng::State / DataLoader::State::from_bytes accept them;
-//   config_yaml empty or a YAML mapping whose model.{n_layer, n_head, n_embd, max_seq_len,
-//   vocab_size}, where present, are the decimal values of the shape records.
+//   config_yaml empty or UTF-8 text of a YAML mapping whose model.{n_layer, n_head, n_embd,
+//   max_seq_len, vocab_size}, where present, are the decimal values of the shape records
+//   and whose precision.compute, where present, is the compute record.
 // save_checkpoint checks only the structure (array sizes, shard fields). Big arrays are streamed in chunks and hashed in
 // the same pass: no second in-memory copy of master/m/v on save or load.
 #include "io/checkpoint.h"
@@ -56,7 +59,9 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/loader.h"
+#include "data/tokenizer.h"
 #include "model/gpt2.h"
+#include "optim/loss_scaler.h"
 
 namespace st {
 namespace {
@@ -237,16 +242,32 @@ std::string check_arrays(const CheckpointState& s) {
 // (the format comment lists the rules). Throws st::Error starting with `what`.
 void check_values(const CheckpointState& s, const std::string& what) {
   const std::string bad = what + ": inconsistent checkpoint: ";
-  if (s.step < 0) fail(bad, "step = ", s.step, ", expected >= 0");
-  if (s.adam_step < 0 || s.adam_step > INT32_MAX)
-    fail(bad, "adam_step = ", s.adam_step, ", expected 0..", INT32_MAX);
-  if (!std::isfinite(s.loss_scale) || s.loss_scale <= 0)
-    fail(bad, "loss_scale = ", s.loss_scale, ", expected a finite value > 0");
-  if (s.loss_scale_good_steps < 0)
-    fail(bad, "loss_scale_good_steps = ", s.loss_scale_good_steps, ", expected >= 0");
+  if (s.step < 0 || s.step > kMaxCheckpointStep)
+    fail(bad, "step = ", s.step, ", expected 0..", kMaxCheckpointStep,
+         " (checkpoint names have 8 digits)");
+  if (s.adam_step < 0 || s.adam_step > s.step)
+    fail(bad, "adam_step = ", s.adam_step, ", expected 0..step (", s.step,
+         "): one Adam update at most per step");
   if (s.compute != "fp32" && s.compute != "bf16" && s.compute != "fp16" && s.compute != "fp64")
     fail(bad, "compute = '", s.compute.substr(0, 32), "' (", s.compute.size(),
          " bytes), expected fp32, bf16, fp16 or fp64");
+  // The loss scaler runs in fp16 only, between its bounds (optim/loss_scaler.h); every other
+  // format trains unscaled, so any other scale there would only corrupt the gradients.
+  const LossScalerConfig lsc;
+  if (s.compute == "fp16") {
+    if (!(s.loss_scale >= lsc.min_scale && s.loss_scale <= lsc.max_scale))
+      fail(bad, "loss_scale = ", s.loss_scale, ", expected ", lsc.min_scale, "..", lsc.max_scale,
+           " (the fp16 loss scaler's bounds)");
+    if (s.loss_scale_good_steps < 0)
+      fail(bad, "loss_scale_good_steps = ", s.loss_scale_good_steps, ", expected >= 0");
+  } else if (s.loss_scale != 1.0f || s.loss_scale_good_steps != 0) {
+    fail(bad, "loss_scale = ", s.loss_scale, ", loss_scale_good_steps = ",
+         s.loss_scale_good_steps, " with compute ", s.compute,
+         ", expected 1 and 0 (only fp16 scales the loss)");
+  }
+  if (const int64_t n = invalid_utf8_bytes(s.config_yaml))
+    fail(bad, "config_yaml holds ", n, " byte", n == 1 ? "" : "s",
+         " that are not UTF-8 (the trainer writes UTF-8 YAML)");
   GPT2Config c;
   c.n_layer = s.n_layer;
   c.n_head = s.n_head;
@@ -288,6 +309,14 @@ void check_values(const CheckpointState& s, const std::string& what) {
     fail(bad, "config_yaml is not valid YAML (line ", e.mark.line + 1, ": ", e.msg, ")");
   }
   if (!root.IsMap()) fail(bad, "config_yaml is not a YAML mapping");
+  // The compute format the arrays were trained in: the record and the config agree.
+  if (const YAML::Node prec = root["precision"]; prec && prec.IsMap() && prec["compute"]) {
+    const YAML::Node c = prec["compute"];
+    const std::string text = c.IsScalar() ? c.Scalar() : std::string("(not a scalar)");
+    if (text != s.compute)
+      fail(bad, "config_yaml says precision.compute: '", text.substr(0, 32),
+           "' but the record compute is '", s.compute, "'");
+  }
   const YAML::Node model = root["model"];
   if (!model) return;
   if (!model.IsMap()) fail(bad, "config_yaml's model section is not a mapping");
@@ -351,7 +380,8 @@ class Writer {
     while (n > 0) {
       ssize_t w = ::write(fd_, p, std::min(n, kChunk));
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail(what_, ": write failed: ", w < 0 ? std::strerror(errno) : "wrote 0 bytes");
+      if (w <= 0)
+        fail_write(what_, ": write failed: ", w < 0 ? std::strerror(errno) : "wrote 0 bytes");
       p += w;
       n -= size_t(w);
     }
@@ -556,10 +586,10 @@ std::string save_checkpoint(const std::string& path, const CheckpointState& s) {
     w.put(len, 8);
     const auto digest = w.digest();
     w.put_unhashed(digest.data(), digest.size());
-    if (::fsync(f.fd) != 0) fail(what, ": fsync failed: ", std::strerror(errno));
+    if (::fsync(f.fd) != 0) fail_write(what, ": fsync failed: ", std::strerror(errno));
     const int fd = f.fd;
     f.fd = -1;
-    if (::close(fd) != 0) fail(what, ": close failed: ", std::strerror(errno));
+    if (::close(fd) != 0) fail_write(what, ": close failed: ", std::strerror(errno));
     if (::rename(tmp.c_str(), path.c_str()) != 0)
       fail(what, ": rename over ", path, " failed: ", std::strerror(errno));
   } catch (...) {

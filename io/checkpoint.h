@@ -14,6 +14,9 @@ namespace st {
 
 inline constexpr char kCheckpointMagic[9] = "STCKPT01";  // first 8 bytes of every file
 inline constexpr uint32_t kCheckpointVersion = 3;        // written; versions 1..3 are read
+// Checkpoint names hold the step in 8 digits (ckpt_NNNNNNNN.bin): the largest step a run
+// can checkpoint, and so train.max_steps's bound.
+inline constexpr int64_t kMaxCheckpointStep = 99999999;
 
 struct CheckpointState {
   // Identity of the run, checked on resume.

@@ -46,15 +46,16 @@ CheckpointState random_state(uint64_t seed, int32_t elem_bytes, size_t min_param
   s.vocab_size = 1, s.padded_vocab_size = 1;
   s.config_yaml = "run:\n  name: t" + std::to_string(g() % 1000) + "\nmodel:\n  n_layer: " +
                   std::to_string(s.n_layer) + "\n  n_embd: 2\n";
-  s.step = int64_t(g() % 100000) + 1;
-  s.adam_step = s.step + 3;
-  s.compute = elem_bytes == 8 ? "fp64" : "bf16";
+  s.step = int64_t(g() % 100000) + 4;
+  s.adam_step = s.step - 3;  // three skipped updates (fp16 overflows)
+  s.compute = elem_bytes == 8 ? "fp64" : "fp16";
   s.master_elem_bytes = elem_bytes;
   s.master = random_bytes(g, params_of(s.n_layer) * size_t(elem_bytes));
   s.m = random_bytes(g, s.master.size());
   s.v = random_bytes(g, s.master.size());
-  s.loss_scale = 32768.0f * float(g() % 7 + 1) + 0.5f;
+  s.loss_scale = 32768.0f * float(g() % 7 + 1) + 0.5f;  // fp16 only: fp64 trains unscaled
   s.loss_scale_good_steps = int32_t(g() % 2000) + 1;
+  if (elem_bytes == 8) s.loss_scale = 1, s.loss_scale_good_steps = 0;
   Rng r(g());
   r.normal();
   s.rng_state = r.state().to_bytes();
@@ -494,14 +495,27 @@ TEST_F(Checkpoint, InconsistentValuesAreRefused) {
     std::function<void(CheckpointState&)> edit;
     std::vector<const char*> want;
   } cases[] = {
-      {[](auto& s) { s.step = INT64_MIN; }, {"step = -9223372036854775808, expected >= 0"}},
-      {[](auto& s) { s.adam_step = -1; }, {"adam_step = -1, expected 0..2147483647"}},
+      {[](auto& s) { s.step = INT64_MIN; },
+       {"step = -9223372036854775808, expected 0..99999999 (checkpoint names have 8 digits)"}},
+      {[](auto& s) { s.step = int64_t(1) << 62; }, {"step = 4611686018427387904, expected 0.."}},
+      {[](auto& s) { s.step = 100000000, s.adam_step = 1; }, {"step = 100000000, expected"}},
+      {[](auto& s) { s.adam_step = -1; }, {"adam_step = -1, expected 0..step ("}},
       {[](auto& s) { s.adam_step = int64_t(1) << 40; }, {"adam_step = 1099511627776"}},
-      {[](auto& s) { s.loss_scale = std::nanf(""); }, {"loss_scale = nan", "finite value > 0"}},
+      {[](auto& s) { s.adam_step = s.step + 1; }, {"one Adam update at most per step"}},
+      {[](auto& s) { s.loss_scale = std::nanf(""); },
+       {"loss_scale = nan", "the fp16 loss scaler's bounds"}},
       {[](auto& s) { s.loss_scale = INFINITY; }, {"loss_scale = inf"}},
       {[](auto& s) { s.loss_scale = 0; }, {"loss_scale = 0,"}},
       {[](auto& s) { s.loss_scale = -2; }, {"loss_scale = -2"}},
+      {[](auto& s) { s.loss_scale = 1e-45f; }, {"loss_scale = 1.4013e-45, expected 1..1.67772e+07"}},
+      {[](auto& s) { s.loss_scale = 0.5f; }, {"loss_scale = 0.5, expected 1.."}},
+      {[](auto& s) { s.loss_scale = 33554432.0f; }, {"loss_scale = 3.35544e+07"}},
       {[](auto& s) { s.loss_scale_good_steps = -5; }, {"loss_scale_good_steps = -5"}},
+      // Formats other than fp16 train unscaled (the probe's crafted fp32 resume with a
+      // scale of 1e-45 wrote a NaN checkpoint).
+      {[](auto& s) { s.compute = "fp32"; }, {"with compute fp32, expected 1 and 0"}},
+      {[](auto& s) { s.compute = "bf16", s.loss_scale = 1; },
+       {"loss_scale_good_steps = ", "with compute bf16, expected 1 and 0"}},
       {[](auto& s) { s.compute = "fp8"; }, {"compute = 'fp8'", "fp32, bf16, fp16 or fp64"}},
       {[](auto& s) { s.compute = ""; }, {"compute = ''"}},
       {[](auto& s) { s.n_layer = 357908024; }, {"n_layer = 357908024 is out of range"}},
@@ -546,6 +560,10 @@ TEST_F(Checkpoint, InconsistentValuesAreRefused) {
       {[](auto& s) { s.config_yaml = "model: [\n"; }, {"config_yaml is not valid YAML"}},
       {[](auto& s) { s.config_yaml = "just text"; }, {"config_yaml is not a YAML mapping"}},
       {[](auto& s) { s.config_yaml = "model: 3\n"; }, {"model section is not a mapping"}},
+      {[](auto& s) { s.config_yaml = "run: {name: \"a\xff\xfe" "b\"}\n"; },
+       {"config_yaml holds 2 bytes that are not UTF-8"}},
+      {[](auto& s) { s.config_yaml = "precision: {compute: bf16}\n"; },
+       {"config_yaml says precision.compute: 'bf16' but the record compute is 'fp16'"}},
   };
   int i = 0;
   for (const auto& c : cases) {

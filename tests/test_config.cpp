@@ -178,7 +178,7 @@ data:
   tokenizer: gpt2
   val_fraction: 0.05
 train:
-  max_steps: 1000000000
+  max_steps: 99999999
   batch_size: 4
   seq_len: 1024
   grad_accum_steps: 8
@@ -214,7 +214,7 @@ hooks:
   EXPECT_EQ(c.model.init_from, "runs/base/ckpt_1000.bin");
   EXPECT_EQ(c.data.tokenizer, "gpt2");
   EXPECT_EQ(c.data.val_fraction, 0.05);
-  EXPECT_EQ(c.train.max_steps, 1000000000);
+  EXPECT_EQ(c.train.max_steps, 99999999);
   EXPECT_EQ(c.train.lr, 6e-4);
   EXPECT_EQ(c.train.min_lr, 6e-5);
   EXPECT_EQ(c.train.eps, 1e-8);
@@ -293,6 +293,12 @@ TEST(Config, OutOfRange) {
              "run.threads: expected an integer or auto, got 'many'");
   EXPECT_HAS(parse_error("precision:\n  loss_scale_init: 16777217\n"),
              "precision.loss_scale_init = 16777217");
+  // Below the fp16 scaler's floor of 1 (a scale of 1e-45 turned every gradient into NaN),
+  // and past the 8 digits of a checkpoint's name.
+  EXPECT_HAS(parse_error("precision:\n  loss_scale_init: 1e-45\n"),
+             "precision.loss_scale_init = 1e-45 is out of range");
+  EXPECT_HAS(parse_error("train:\n  max_steps: 100000000\n"),
+             "train.max_steps = 100000000 is out of range");
   // Past int, and past 64 bits: a range error, not a silent wrap.
   EXPECT_HAS(parse_error("train:\n  warmup_steps: 3000000000\n"),
              "train.warmup_steps = 3000000000 is out of range");

@@ -485,6 +485,7 @@ std::map<std::string, std::vector<std::pair<std::string, Bundle>>> make_corpus(c
   {
     CheckpointState d = s;
     d.compute = "fp64";
+    d.config_yaml.replace(d.config_yaml.find("compute: fp32"), 13, "compute: fp64");
     d.master_elem_bytes = 8;
     std::vector<double> p64(params.begin(), params.end());
     d.master.assign(reinterpret_cast<const uint8_t*>(p64.data()),

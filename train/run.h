@@ -30,6 +30,9 @@
 
 namespace st::detail {
 
+// metrics.jsonl's record of a config key a resume changed (docs/run_files.md).
+inline constexpr const char* kConfigChangeKind = "config_change";
+
 // "section.key" -> value for every scalar in a YAML document (config comparison on resume;
 // train/run_checkpoints.cpp).
 std::map<std::string, std::string> flatten(const std::string& yaml);
@@ -45,6 +48,13 @@ class Run {
   // job reports and ends every rank.
   bool distributed() const { return comm_ && comm_->world() > 1; }
   [[noreturn]] void abort_all(const std::exception& e);
+  // After a failed write: how to go on from the checkpoints on disk (resume from the last,
+  // or start again when none was written).
+  std::string after_write_error() const {
+    if (last_ckpt_step_ >= 0)
+      return " (free space, then --resume: it continues from " + last_ckpt_ + ")";
+    return " (no checkpoint was written yet: free space, then start again with --overwrite)";
+  }
   void finalize_quietly() {
     if (comm_) comm_->finalize();
   }
@@ -63,6 +73,9 @@ class Run {
   [[noreturn]] void collective_fail(const std::string& msg);
   std::string share_string(std::string s);  // rank 0's value on every rank
   void restore(const std::string& path);
+  void check_records(const CheckpointState& s, const std::string& path) const;
+  // metrics.jsonl records of the config keys a resume changed (restore collects them).
+  void write_config_changes();
   std::string save(int64_t step, double elapsed_s);
   // The state before step `step`'s update, with the loader where it stood before the step.
   void save_spike_snapshot(int64_t step, double elapsed_s, const DataLoader::State& ds);
@@ -111,6 +124,10 @@ class Run {
   std::string last_ckpt_ = "(none)";
   int64_t last_ckpt_step_ = -1;
   std::vector<float> master_cache_;
+  struct ConfigChange {
+    std::string key, from, to;
+  };
+  std::vector<ConfigChange> config_changes_;  // keys this resume changed (restore)
   MemoryEstimate memory_;      // CPU runs: the start-up estimate (train/memory_estimate.h)
   AvailableMemory available_;
 };

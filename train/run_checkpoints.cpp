@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -56,6 +57,25 @@ std::vector<uint8_t> tensor_bytes(Backend& be, const Tensor& t) {
   be.copy(host, t);
   const uint8_t* p = static_cast<const uint8_t*>(host.raw());
   return std::vector<uint8_t>(p, p + host.nbytes());
+}
+
+// Values of a raw little-endian array of 4- or 8-byte floats that are NaN or infinite.
+int64_t count_non_finite(const std::vector<uint8_t>& bytes, int32_t elem_bytes) {
+  int64_t bad = 0;
+  if (elem_bytes == 8) {
+    for (size_t i = 0; i + 8 <= bytes.size(); i += 8) {
+      double x;
+      std::memcpy(&x, bytes.data() + i, 8);
+      bad += !std::isfinite(x);
+    }
+  } else {
+    for (size_t i = 0; i + 4 <= bytes.size(); i += 4) {
+      float x;
+      std::memcpy(&x, bytes.data() + i, 4);
+      bad += !std::isfinite(x);
+    }
+  }
+  return bad;
 }
 
 void load_tensor_bytes(Backend& be, const Tensor& t, const std::vector<uint8_t>& bytes,
@@ -167,8 +187,42 @@ void Run::remove_orphans() {
   }
 }
 
+// The records that fix the arithmetic of the saved state, against this run: the compute
+// format, the model shape, the master weights' element size, and the step against the
+// file's name (list_checkpoints and "nothing to do" read the step from the name).
+void Run::check_records(const CheckpointState& s, const std::string& path) const {
+  const std::string fix = " (resume with the run's own config.yaml, or start a new run)";
+  if (s.compute != cfg_.precision.compute)
+    fail("--resume: precision.compute is '", cfg_.precision.compute, "' but the checkpoint ",
+         path, " holds '", s.compute, "' training state (its compute record)", fix);
+  const GPT2Config& mc = model_->config();
+  const std::pair<const char*, std::pair<int64_t, int64_t>> shape[] = {
+      {"n_layer", {s.n_layer, mc.n_layer}},      {"n_head", {s.n_head, mc.n_head}},
+      {"n_embd", {s.n_embd, mc.n_embd}},         {"max_seq_len", {s.max_seq_len, mc.max_seq_len}},
+      {"vocab_size", {s.vocab_size, mc.vocab_size}},
+      {"padded_vocab_size", {s.padded_vocab_size, mc.vp()}}};
+  for (const auto& [key, v] : shape)
+    if (v.first != v.second)
+      fail("--resume: model.", key, " is ", v.second, " but the checkpoint ", path,
+           " was written with ", v.first, " (its ", key, " record)", fix);
+  const int64_t eb = int64_t(dtype_size(model_->master_flat().dtype()));
+  if (s.master_elem_bytes != eb)
+    fail("--resume: the checkpoint ", path, " holds master weights of ", s.master_elem_bytes,
+         " bytes each, precision.compute ", cfg_.precision.compute, " keeps ", eb, fix);
+  std::smatch m;
+  const std::string name = fs::path(path).filename().string();
+  if (std::regex_match(name, m, kCkptRe) && std::stoll(m[1]) != s.step)
+    fail("--resume: ", path, " holds step ", s.step, " but its name says step ", m[1].str(),
+         " (renamed or edited? rename it to ", checkpoint_name(s.step),
+         " if it is right, or resume from another checkpoint)");
+  if (s.step > cfg_.train.max_steps)
+    fail("--resume: ", path, " holds step ", s.step, ", past train.max_steps = ",
+         cfg_.train.max_steps, " (raise train.max_steps to continue it)");
+}
+
 void Run::restore(const std::string& path) {
   const CheckpointState s = load_checkpoint(path);
+  check_records(s, path);
   // Refuse a checkpoint of another run; report other config changes. A key the checkpoint
   // does not have (written before it existed) counts as its default.
   std::map<std::string, std::string> old_cfg;
@@ -188,6 +242,7 @@ void Run::restore(const std::string& path) {
       fail("--resume: ", k, " is '", v, "' but the checkpoint ", path, " was written with '",
            ov, "' (resume with the run's own config.yaml)");
     log_->warn("resume: {} changed from '{}' to '{}'", k, ov, v);
+    config_changes_.push_back({k, ov, v});  // and in metrics.jsonl (write_config_changes)
   }
   // Data parallelism: the same number of ranks (it is part of the global batch) and the
   // same optimizer layout.
@@ -253,6 +308,8 @@ void Run::restore(const std::string& path) {
     const auto st = j.find("step");
     if (st == j.end() || !st->is_number_integer() || st->get<int64_t>() > step_) return false;
     if (st->get<int64_t>() == step_) {
+      // An earlier resume's record of config changes: this resume writes its own.
+      if (j.value("kind", "") == kConfigChangeKind) return false;
       if (j.contains("checkpoint")) has_record = true;
       const auto e = j.find("elapsed");
       if (e != j.end() && e->is_number()) elapsed_at = e->get<double>();
@@ -276,6 +333,15 @@ void Run::restore(const std::string& path) {
     log_->warn("resume: the metrics record of {} was missing (a crash right after the "
                "checkpoint was written); added", checkpoint_name(step_));
   }
+}
+
+void Run::write_config_changes() {
+  for (const auto& c : config_changes_)
+    write_metrics({{"kind", kConfigChangeKind},
+                   {"step", step_},
+                   {"key", c.key},
+                   {"from", c.from},
+                   {"to", c.to}});
 }
 
 CheckpointState Run::checkpoint_state(int64_t step, double elapsed_s) const {
@@ -311,6 +377,15 @@ std::string Run::write_checkpoint(const std::string& name, int64_t step, double 
                                   const DataLoader::State& ds) {
   CheckpointState s = checkpoint_state(step, elapsed_s);
   s.data_state = ds.to_bytes();
+  s.master = whole_master_bytes();  // collective under ZeRO-1 with a separate master
+  // Never a checkpoint of non-finite weights: it would replace a good one in the rotation
+  // and every resume from it would fail. Every rank holds the whole master: same decision.
+  if (const int64_t bad = count_non_finite(s.master, s.master_elem_bytes))
+    collective_fail("step " + std::to_string(step) + ": " + std::to_string(bad) +
+                    " master weight" + (bad == 1 ? " is" : "s are") +
+                    " not finite; no checkpoint written, stopping (last good checkpoint: " +
+                    last_ckpt_ + "). Lower train.lr, raise train.warmup_steps or use a wider "
+                    "precision.compute");
   if (zero_) {
     // Every rank's shard first, the main file last: --resume only takes a checkpoint whose
     // main file exists, and that exists only once every shard was written.
@@ -325,7 +400,6 @@ std::string Run::write_checkpoint(const std::string& name, int64_t step, double 
     const std::string stem = name.substr(0, name.size() - 4);  // without ".bin"
     save_checkpoint(dir_ + "/" + stem + ".rank" + std::to_string(rank_) + ".bin", r);
   }
-  s.master = whole_master_bytes();  // collective under ZeRO-1 with a separate master
   if (master_is_sharded() && lead()) {  // the hooks' view of the master (reference run)
     master_cache_.resize(s.master.size() / sizeof(float));
     std::memcpy(master_cache_.data(), s.master.data(), s.master.size());

@@ -150,6 +150,7 @@ TrainResult Run::go() {
   if (lead()) {
     write_file_atomic(dir_ + "/config.yaml", config_to_yaml(cfg_));
     metrics_ = LogFile(dir_ + "/metrics.jsonl");
+    write_config_changes();
   }
   const auto& mc = model_->config();
   log_->info("stabletrain: {} on {} | GPT-2 L={} H={} C={} T={} V={} ({:.2f}M params) | {}",
@@ -252,7 +253,7 @@ TrainResult Run::go() {
   // a stop signal on any rank stops every rank after the same step.
   auto poll_stop = [&] {
     if (lead() && !log_error_.empty())
-      fail(dir_, "/train.log: ", log_error_, "; the run stops (free space, then --resume)");
+      fail_write(dir_, "/train.log: ", log_error_, "; the run stops");
     int sig = stop_signal::pending();
     if (world_ > 1) {
       std::vector<double> v(world_, 0.0);
@@ -384,6 +385,11 @@ TrainResult Run::go() {
     if ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last) {
       const auto te = std::chrono::steady_clock::now();
       res.val_loss = evaluate();
+      if (!std::isfinite(res.val_loss))  // the same value on every rank
+        collective_fail("step " + std::to_string(step_) + ": the validation loss is " +
+                        std::to_string(res.val_loss) + "; stopping before this step's "
+                        "checkpoint (last good checkpoint: " + last_ckpt_ + "). Lower train.lr, "
+                        "raise train.warmup_steps or use a wider precision.compute");
       eta.evaluation(std::chrono::duration<double>(std::chrono::steady_clock::now() - te).count());
       log_->info("step {:>6} | val_loss {:.4f}", step_, res.val_loss);
       write_metrics({{"kind", "eval"}, {"step", step_}, {"val_loss", res.val_loss},
