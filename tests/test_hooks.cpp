@@ -129,6 +129,28 @@ TEST(SpectralNorm, KnownSingularValuesAndWarmStart) {
   EXPECT_LT(capped.sigma, 3.0);
 }
 
+// A zero matrix (an uninitialised model, a head whose weights are all 0): sigma 0, and the
+// vector kept for the next hook (and saved in checkpoints) a finite unit vector, through
+// the Gram start (short side <= 512) and the Lanczos one (the fuzz corpus's warm hook
+// state held NaN vectors, which a resume now refuses).
+TEST(SpectralNorm, ZeroMatrixKeepsAFiniteUnitVector) {
+  for (const int side : {16, 600}) {
+    SCOPED_TRACE(side);
+    const std::vector<float> a(static_cast<size_t>(side) * side, 0.0f);
+    WeightSlice s;
+    s.tensor = "zero";
+    s.rows = s.cols = s.row_stride = side;
+    std::vector<double> v;
+    const PowerResult r = spectral_norm(s, a.data(), v, 1e-6, 1000);
+    EXPECT_EQ(r.sigma, 0.0);
+    EXPECT_TRUE(r.converged);
+    ASSERT_EQ(v.size(), size_t(side));
+    double ss = 0;
+    for (double e : v) ss += e * e;
+    EXPECT_NEAR(std::sqrt(ss), 1.0, 1e-12);
+  }
+}
+
 // A cold start of a matrix whose short side exceeds the Gram start's 512 (GPT-2 small's
 // 768-wide matrices) goes through restarted Lanczos: against LAPACK to the documented
 // tolerance (sigma within power_tol / 2 relative), converged, in far fewer passes than

@@ -6,18 +6,25 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "test_util.h"
+#include "backends/backends.h"
 #include "backends/cpu_threads.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/checkpoint.h"
 #include "train/config.h"
+#include "train/hooks.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -80,9 +87,38 @@ std::string write_yaml(const std::string& name, const std::string& text) {
 
 }  // namespace
 
-// A checksum-valid checkpoint with a hostile hooks_state (train/hooks.cpp parses it on
-// resume): an st::Error or a clean resume, never a crash.
-TEST(TrainBadInput, HostileHooksStateIsAnErrorNotACrash) {
+// The 8-byte slots of a hook state (train/hooks.cpp's layout: tag, two counts, the power
+// vectors, delta_drift_cum, the error directions, two spike windows; every vector a length
+// then f64 values): what each slot holds.
+enum class Slot { kHeader, kLength, kUnitValue, kFreeValue, kWindowValue };
+std::vector<Slot> hook_state_slots(const std::vector<uint8_t>& b) {
+  auto u64 = [&](size_t off) {
+    uint64_t x = 0;
+    std::memcpy(&x, b.data() + off, 8);
+    return x;
+  };
+  std::vector<Slot> slots = {Slot::kHeader, Slot::kHeader, Slot::kHeader};
+  const uint64_t np = u64(8), nd = u64(16);
+  auto vec = [&](Slot values) {
+    const uint64_t n = u64(slots.size() * 8);
+    slots.push_back(Slot::kLength);
+    slots.insert(slots.end(), n, values);
+  };
+  for (uint64_t i = 0; i < np; ++i) vec(Slot::kUnitValue);
+  vec(Slot::kFreeValue);  // delta_drift_cum: running sums, any finite value
+  for (uint64_t i = 0; i < nd; ++i) vec(Slot::kUnitValue);
+  vec(Slot::kWindowValue);  // losses
+  vec(Slot::kWindowValue);  // gradient norms
+  EXPECT_EQ(slots.size() * 8, b.size()) << "the test's idea of the layout is out of date";
+  return slots;
+}
+
+// A checksum-valid checkpoint with a damaged hooks_state (the probe: 0xff bytes or 2^40 at
+// offsets 32..1000 resumed in silence, and a NaN sigma reached spectral.csv). Every 8-byte
+// slot, with both values: refused with one line naming the field and offset, or -- where
+// the value is one a valid state may hold (a finite running sum, a window value >= 0) --
+// taken back exactly as written. In process for every slot, then through `train` for three.
+TEST(TrainBadInput, DamagedHooksStateIsRefusedAtEveryOffset) {
   auto cfg = [](const std::string& name) {
     return parse_config(base_yaml((tmp_root() / name).string(), "fp32"), name + ".yaml",
                         {"hooks.every=5"});
@@ -92,45 +128,195 @@ TEST(TrainBadInput, HostileHooksStateIsAnErrorNotACrash) {
   run_training(cfg("hooks_src"), first);
   const std::string src = (tmp_root() / "hooks_src" / "ckpt_00000005.bin").string();
   const CheckpointState good = load_checkpoint(src);
-  ASSERT_GE(good.hooks_state.size(), 24u);
-  auto u64_at = [](const std::vector<uint8_t>& b, size_t off) {
-    uint64_t x = 0;
-    for (int i = 0; i < 8; ++i) x |= uint64_t(b[off + size_t(i)]) << (8 * i);
-    return x;
+  const std::vector<Slot> slots = hook_state_slots(good.hooks_state);
+  ASSERT_GT(std::count(slots.begin(), slots.end(), Slot::kUnitValue), 100)
+      << "no power-iteration vectors or error directions in the state";
+
+  const Config c = cfg("hooks_unit");
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  GPT2 model(model_config(c), *be, DType::F32);
+  const fs::path scratch = tmp_root() / "hooks_unit";
+  fs::create_directories(scratch);
+  auto log = std::make_shared<spdlog::logger>("hooks_unit");  // no sinks: quiet
+  auto resume = [&](const std::vector<uint8_t>& state) {
+    StabilityHooks h(c, model, scratch.string(), log);
+    h.resume(5, state);
+    return h.state();
   };
-  auto set_u64 = [](std::vector<uint8_t>& b, size_t off, uint64_t x) {
-    for (int i = 0; i < 8; ++i) b[off + size_t(i)] = uint8_t(x >> (8 * i));
-  };
-  ASSERT_GT(u64_at(good.hooks_state, 8), 0u) << "no power-iteration vectors";
-  std::vector<std::vector<uint8_t>> hostile;
-  hostile.push_back({1, 2, 3});                                       // not the layout
-  hostile.push_back(std::vector<uint8_t>(good.hooks_state.begin(),    // cut short
-                                         good.hooks_state.begin() + 24));
-  hostile.push_back(good.hooks_state);  // first vector's length: 2^61 values
-  set_u64(hostile.back(), 24, uint64_t(1) << 61);
-  hostile.push_back(good.hooks_state);  // first vector's length 0: the rest misaligned
-  set_u64(hostile.back(), 24, 0);
-  hostile.push_back(good.hooks_state);  // counts of another model
-  set_u64(hostile.back(), 8, uint64_t(1) << 62);
-  int i = 0;
-  for (const auto& h : hostile) {
-    SCOPED_TRACE(i);
-    const std::string name = "hooks_bad" + std::to_string(i++);
-    fs::copy(tmp_root() / "hooks_src", tmp_root() / name, fs::copy_options::recursive);
-    CheckpointState s = good;
-    s.hooks_state = h;
-    save_checkpoint((tmp_root() / name / "ckpt_00000005.bin").string(), s);
-    TrainOptions again = quiet();
-    again.resume = true;
-    again.stop_after = 6;
-    try {
-      run_training(cfg(name), again);
-      std::printf("  hostile hooks_state %d: resumed\n", i - 1);
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("hooks_state"), std::string::npos) << e.what();
-      std::printf("  hostile hooks_state %d: %s\n", i - 1, e.what());
+  ASSERT_EQ(resume(good.hooks_state), good.hooks_state);
+  int refused = 0, kept = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    for (const uint64_t value : {~uint64_t{0}, uint64_t{1} << 40}) {
+      std::vector<uint8_t> bad = good.hooks_state;
+      std::memcpy(bad.data() + 8 * i, &value, 8);
+      if (bad == good.hooks_state) continue;
+      // 2^40's bits are the double 5.4e-312: a valid running sum or window value, and in
+      // place of a value below ~1e-6 in a unit vector, still a unit vector to the 1e-12 the
+      // reader allows for rounding (a change no check can tell from a valid state). Near
+      // that edge either answer is right.
+      double was = 0, now = 0;
+      std::memcpy(&was, good.hooks_state.data() + 8 * i, 8);
+      std::memcpy(&now, &value, 8);
+      const double dlen = std::fabs(now * now - was * was) / 2;  // change of the length
+      if (slots[i] == Slot::kUnitValue && dlen > 0.5e-12 && dlen < 2e-12) continue;
+      const bool valid_value =
+          value != ~uint64_t{0} &&
+          (slots[i] == Slot::kFreeValue || slots[i] == Slot::kWindowValue ||
+           (slots[i] == Slot::kUnitValue && dlen <= 0.5e-12));
+      try {
+        const std::vector<uint8_t> back = resume(bad);
+        EXPECT_TRUE(valid_value) << "offset " << 8 * i << " value " << value << " (was " << was
+                                 << ", slot kind " << int(slots[i]) << "): accepted";
+        EXPECT_EQ(back, bad) << "offset " << 8 * i << ": accepted but not kept as written";
+        ++kept;
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_FALSE(valid_value) << "offset " << 8 * i << ": " << msg;
+        EXPECT_NE(msg.find("checkpoint hooks_state is damaged: "), std::string::npos) << msg;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+        ++refused;
+      }
     }
   }
+  std::printf("  hooks_state of %zu bytes: %d damaged copies refused, %d holding valid values "
+              "kept exactly\n", good.hooks_state.size(), refused, kept);
+  // Cut short, and a byte too many.
+  for (const size_t n : {size_t{24}, good.hooks_state.size() - 1, good.hooks_state.size() + 8}) {
+    std::vector<uint8_t> bad = good.hooks_state;
+    bad.resize(n);
+    EXPECT_THROW(resume(bad), Error) << n << " bytes";
+  }
+
+  // Through train: refused naming the checkpoint, nothing written (no NaN row in
+  // spectral.csv, the checkpoint as it was).
+  const std::string sigma_before = slurp(tmp_root() / "hooks_src" / "spectral.csv");
+  int k = 0;
+  // (offset, value, the byte the message names: a vector no longer of unit length is named
+  // by its length field, at 24)
+  for (const auto& [off, value, named] : std::vector<std::tuple<size_t, uint64_t, size_t>>{
+           {32, ~uint64_t{0}, 32}, {8, uint64_t{1} << 40, 8}, {40, uint64_t{1} << 40, 24}}) {
+    SCOPED_TRACE(off);
+    const std::string name = "hooks_bad" + std::to_string(k++);
+    fs::remove_all(tmp_root() / name);
+    fs::copy(tmp_root() / "hooks_src", tmp_root() / name, fs::copy_options::recursive);
+    CheckpointState s = good;
+    std::memcpy(s.hooks_state.data() + off, &value, 8);
+    const std::string ck = (tmp_root() / name / "ckpt_00000005.bin").string();
+    save_checkpoint(ck, s);
+    const std::string ck_bytes = slurp(ck);
+    TrainOptions again = quiet();
+    again.resume = true;
+    const std::string msg = st::test::error_message_of<Error>([&] { run_training(cfg(name), again); });
+    EXPECT_NE(msg.find(ck + ": checkpoint hooks_state is damaged: "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(byte " + std::to_string(named) + " of "), std::string::npos) << msg;
+    EXPECT_EQ(slurp(tmp_root() / name / "spectral.csv"), sigma_before);
+    EXPECT_EQ(slurp(ck), ck_bytes);
+    std::printf("  %s\n", msg.c_str());
+  }
+}
+
+// Checksum-valid checkpoints whose records change the arithmetic of the run resuming from
+// them (the probe: a bf16 compute record resumed an fp32 run in silence, as did a
+// non-UTF-8 config_yaml, a loss scale of 1e-45 and a step of 2^62): each refused with one
+// line naming the field and the fix, exit 1, the checkpoint and the logs as they were.
+TEST(TrainResume, CheckpointOfOtherArithmeticIsRefused) {
+  const std::string dir = (tmp_root() / "arith").string();
+  const std::string path = write_yaml("arith.yaml", base_yaml(dir, "fp32"));
+  ASSERT_EQ(train_cmd("--config " + path + " --stop-after 5").code, 0);
+  const std::string ck = dir + "/ckpt_00000005.bin";
+  const std::string good_bytes = slurp(ck), metrics = slurp(dir + "/metrics.jsonl");
+  const CheckpointState good = load_checkpoint(ck);
+  auto replace = [](std::string t, const std::string& from, const std::string& to) {
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? t : t.replace(at, from.size(), to);
+  };
+  const struct {
+    const char* what;
+    std::function<void(CheckpointState&)> edit;
+    std::vector<std::string> want;
+  } cases[] = {
+      {"compute record bf16", [](auto& s) { s.compute = "bf16"; },
+       {"config_yaml says precision.compute: 'fp32' but the record compute is 'bf16'"}},
+      {"compute record and config_yaml bf16",
+       [&](auto& s) {
+         s.compute = "bf16";
+         s.config_yaml = replace(s.config_yaml, "compute: fp32", "compute: bf16");
+       },
+       {"precision.compute is 'fp32' but the checkpoint", "holds 'bf16' training state",
+        "resume with the run's own config.yaml"}},
+      {"non-UTF-8 config_yaml",
+       [&](auto& s) { s.config_yaml = replace(s.config_yaml, "name: t", "name: t\xff\xfe"); },
+       {"config_yaml holds 2 bytes that are not UTF-8"}},
+      {"loss scale 1e-45", [](auto& s) { s.loss_scale = 1e-45f; },
+       {"loss_scale = 1.4013e-45", "with compute fp32, expected 1 and 0"}},
+      {"step 2^62", [](auto& s) { s.step = int64_t(1) << 62; },
+       {"step = 4611686018427387904, expected 0..99999999"}},
+      {"step 7 in ckpt_00000005.bin", [](auto& s) { s.step = 7; },
+       {"holds step 7 but its name says step 00000005", "rename it to ckpt_00000007.bin"}},
+      {"padded vocabulary 384", [](auto& s) { s.padded_vocab_size = 384; },
+       {"master holds"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    CheckpointState s = good;
+    c.edit(s);
+    save_checkpoint(ck, s);
+    const std::string bytes = slurp(ck);
+    const Cmd r = train_cmd("--config " + path + " --resume");
+    EXPECT_EQ(r.code, 1) << r.err;
+    for (const auto& w : c.want) EXPECT_NE(r.err.find(w), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(ck), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "not one line: " << r.err;
+    EXPECT_EQ(slurp(ck), bytes);
+    EXPECT_EQ(slurp(dir + "/metrics.jsonl"), metrics);
+    std::printf("  %-36s -> %s", c.what, r.err.c_str());
+  }
+  save_checkpoint(ck, good);
+  ASSERT_EQ(slurp(ck), good_bytes);
+
+  // A change meant to be allowed (here train.lr) is said in train.log and as one
+  // config_change record in metrics.jsonl at the resumed step, once however often that
+  // checkpoint is resumed.
+  for (int again = 0; again < 2; ++again) {
+    const Cmd r = train_cmd("--config " + path + " --resume --stop-after 7 --set train.lr=1e-3");
+    ASSERT_EQ(r.code, 0) << r.err;
+    fs::remove(dir + "/ckpt_00000007.bin");  // the next resume starts from step 5 again
+  }
+  EXPECT_NE(slurp(dir + "/train.log").find("resume: train.lr changed from '0.003' to '0.001'"),
+            std::string::npos);
+  int records = 0;
+  std::ifstream f(dir + "/metrics.jsonl");
+  for (std::string l; std::getline(f, l);) {
+    const auto j = nlohmann::json::parse(l);
+    if (j.value("kind", "") != "config_change") continue;
+    ++records;
+    EXPECT_EQ(j.dump(), R"({"from":"0.003","key":"train.lr","kind":"config_change","step":5,"to":"0.001"})");
+  }
+  EXPECT_EQ(records, 1);
+}
+
+// A weight that is not finite is never written as a checkpoint (the probe's crafted resume
+// wrote a NaN checkpoint and exited 0): the run stops naming the last good checkpoint. The
+// NaN sits in a position-embedding row the run never reads (train.seq_len 8 of
+// max_seq_len 16), so the loss stays finite and only the guard can catch it.
+TEST(TrainBadInput, NonFiniteWeightsAreNeverCheckpointed) {
+  const std::string dir = (tmp_root() / "nanw").string();
+  const std::string path = write_yaml("nanw.yaml", base_yaml(dir, "fp32"));
+  const std::string set = " --set train.seq_len=8 --set hooks.every=0";
+  ASSERT_EQ(train_cmd("--config " + path + set + " --stop-after 5").code, 0);
+  const std::string ck = dir + "/ckpt_00000005.bin";
+  CheckpointState s = load_checkpoint(ck);
+  const size_t wpe_row15 = size_t(256 * 32 + 15 * 32);  // wte (Vp x C), then wpe row 15
+  const float nan = std::nanf("");
+  std::memcpy(s.master.data() + 4 * wpe_row15, &nan, 4);
+  save_checkpoint(ck, s);
+  const Cmd r = train_cmd("--config " + path + set + " --resume");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("step 10: 1 master weight is not finite; no checkpoint written, stopping "
+                       "(last good checkpoint: " + ck + ")"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/ckpt_00000010.bin"));
+  std::printf("  %s", r.err.c_str());
 }
 
 class Resume : public ::testing::TestWithParam<const char*> {};

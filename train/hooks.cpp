@@ -53,22 +53,64 @@ struct Writer {
     b.insert(b.end(), p, p + v.size() * sizeof(double));
   }
 };
+// Rounding leaves a normalised vector of n doubles within ~sqrt(n) * 1.1e-16 of length 1.
+constexpr double kUnitTolerance = 1e-12;
+// Reads the hook state back; any defect is an st::Error naming the field and its byte
+// offset (the checkpoint's checksum was valid, so the state was written by another build
+// or edited: nothing in it is trusted).
 struct Reader {
   const std::vector<uint8_t>& b;
   size_t pos = 0;
-  uint64_t u64() {
-    ST_CHECK(pos + 8 <= b.size(), "checkpoint hooks_state is truncated");
+  [[noreturn]] void bad(size_t at, const std::string& what) const {
+    fail("checkpoint hooks_state is damaged: ", what, " (byte ", at, " of ", b.size(),
+         "); resume from an earlier checkpoint, or start the run again with --overwrite");
+  }
+  uint64_t u64(const char* what) {
+    if (pos + 8 > b.size()) bad(pos, std::string(what) + " is cut off (the state ends)");
     uint64_t x;
     std::memcpy(&x, b.data() + pos, 8);
     pos += 8;
     return x;
   }
-  std::vector<double> vec() {
-    const uint64_t n = u64();
-    ST_CHECK(n <= (b.size() - pos) / sizeof(double), "checkpoint hooks_state is truncated");
+  // A vector of finite values whose length is one of `sizes`; `unit`: of length 1 (the
+  // power-iteration and error-direction vectors are normalised when written).
+  std::vector<double> vec(const std::string& what, std::initializer_list<uint64_t> sizes,
+                          bool unit = false) {
+    const size_t at = pos;
+    const uint64_t n = u64(what.c_str());
+    bool size_ok = false;
+    for (uint64_t k : sizes) size_ok |= n == k;
+    if (!size_ok) {
+      std::string want;
+      for (uint64_t k : sizes) want += (want.empty() ? "" : " or ") + std::to_string(k);
+      bad(at, what + " holds " + std::to_string(n) + " values, expected " + want);
+    }
+    if (n > (b.size() - pos) / sizeof(double))
+      bad(at, what + " is cut off (" + std::to_string(n) + " values, the state ends)");
     std::vector<double> v(n);
     if (n) std::memcpy(v.data(), b.data() + pos, n * sizeof(double));  // (no memcpy from null)
+    double ss = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(v[i]))
+        bad(pos + i * sizeof(double), what + " value " + std::to_string(i) + " is " + num(v[i]));
+      ss += v[i] * v[i];
+    }
+    if (unit && n && !(std::fabs(std::sqrt(ss) - 1.0) <= kUnitTolerance))
+      bad(at, what + " has length " + num(std::sqrt(ss)) + ", expected a unit vector");
     pos += n * sizeof(double);
+    return v;
+  }
+  // The spike detector's window: finite values >= 0 (losses, gradient norms).
+  std::vector<double> window(const std::string& what) {
+    const size_t at = pos;
+    const uint64_t n = u64(what.c_str());
+    if (n > (b.size() - pos) / sizeof(double))
+      bad(at, what + " is cut off (" + std::to_string(n) + " values, the state ends)");
+    pos = at;
+    std::vector<double> v = vec(what, {n});
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] < 0) bad(at + 8 + i * 8, what + " value " + std::to_string(i) + " is " + num(v[i]) +
+                        ", expected >= 0");
     return v;
   }
 };
@@ -366,8 +408,11 @@ bool StabilityHooks::is_hook_step(int64_t s) const {
 }
 
 void StabilityHooks::resume(int64_t step, const std::vector<uint8_t>& state) {
-  for (const char* f : kFiles) truncate_after(impl_->dir + "/" + f, step);
+  auto cut_files = [&] {
+    for (const char* f : kFiles) truncate_after(impl_->dir + "/" + f, step);
+  };
   if (state.empty()) {
+    cut_files();
     if (enabled())
       impl_->log->warn("hooks: the checkpoint holds no hook state (written without hooks or "
                        "by an older build): power iteration starts cold, delta_drift_cum "
@@ -376,19 +421,36 @@ void StabilityHooks::resume(int64_t step, const std::vector<uint8_t>& state) {
   }
   Impl& m = *impl_;
   Reader r{state};
-  ST_CHECK(r.u64() == kStateMagic, "checkpoint hooks_state: unknown layout");
-  const uint64_t np = r.u64(), nd = r.u64();
-  if (np != m.power.size() || nd != m.drift.prev().size()) {
-    m.log->warn("hooks: the checkpoint's hook state is for another model; starting it afresh");
-    return;
+  if (r.u64("the layout tag") != kStateMagic) r.bad(0, "unknown layout tag");
+  const uint64_t np = r.u64("the count of power-iteration vectors");
+  if (np != m.power.size())
+    r.bad(8, std::to_string(np) + " power-iteration vectors, this model has " +
+                 std::to_string(m.power.size()) + " matrices");
+  const uint64_t nd = r.u64("the count of delta-drift heads");
+  if (nd != m.drift.prev().size())
+    r.bad(16, std::to_string(nd) + " delta-drift heads, this model has " +
+                  std::to_string(m.drift.prev().size()));
+  // Everything is read and checked before any of it is used.
+  std::vector<std::vector<double>> power(np), prev(nd);
+  for (size_t k = 0; k < np; ++k) {  // empty until the first spectral hook ran
+    const WeightSlice& sl = m.slices[m.matrices[k]];
+    power[k] = r.vec("power-iteration vector " + std::to_string(k) + " (" + slice_label(sl) + ")",
+                     {0, static_cast<uint64_t>(sl.cols)}, true);
   }
-  for (auto& v : m.power) v = r.vec();
-  m.drift.cum() = r.vec();
-  for (auto& v : m.drift.prev()) v = r.vec();
-  m.loss_z.set_values(r.vec());
-  m.gnorm_z.set_values(r.vec());
-  ST_CHECK(m.drift.cum().size() == nd && r.pos == state.size(),
-           "checkpoint hooks_state: inconsistent sizes");
+  std::vector<double> cum = r.vec("delta_drift_cum", {nd});
+  const uint64_t dir_len = static_cast<uint64_t>(m.hs) * static_cast<uint64_t>(m.C);
+  for (size_t k = 0; k < nd; ++k)  // empty until the head's first delta-drift hook
+    prev[k] = r.vec("error direction of head " + std::to_string(k), {0, dir_len}, true);
+  std::vector<double> loss_w = r.window("the loss spike window");
+  std::vector<double> gnorm_w = r.window("the gradient-norm spike window");
+  if (r.pos != state.size())
+    r.bad(r.pos, std::to_string(state.size() - r.pos) + " bytes after the last field");
+  cut_files();  // only once the state is known good: a refused resume changes no file
+  m.power = std::move(power);
+  m.drift.cum() = std::move(cum);
+  m.drift.prev() = std::move(prev);
+  m.loss_z.set_values(std::move(loss_w));
+  m.gnorm_z.set_values(std::move(gnorm_w));
 }
 
 std::vector<uint8_t> StabilityHooks::state() const {

@@ -23,7 +23,12 @@ class SpikeDetector {
   ZScore score(double x) const;  // x against the window before it
   void push(double x);  // non-finite values are not added
   const std::vector<double>& values() const { return vals_; }
-  void set_values(std::vector<double> v) { vals_ = std::move(v); }
+  // A checkpoint's window; a longer one than `window` (the setting was lowered on resume)
+  // keeps its newest values.
+  void set_values(std::vector<double> v) {
+    if (static_cast<int>(v.size()) > window_) v.erase(v.begin(), v.end() - window_);
+    vals_ = std::move(v);
+  }
 
  private:
   int window_, warmup_;

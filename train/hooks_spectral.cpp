@@ -265,10 +265,15 @@ PowerResult spectral_norm(const WeightSlice& s, const float* flat, std::vector<d
     uint64_t x = seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(s.offset);
     for (auto& e : v) e = static_cast<double>(splitmix(x) >> 11) * 0x1p-53 * 2.0 - 1.0;
     const int64_t k = std::min(m, n);
+    const std::vector<double> random_start = v;
     if (k <= kGramMaxSide && k > 1 && max_iters > 1)
       r.iters = gram_start(A, ld, m, n, v, tol, max_iters - 1, par);
     else if (k > kGramMaxSide && max_iters > 1)
       r.iters = lanczos_start(A, ld, m, n, v, tol, max_iters - 1, par);
+    // A zero matrix has no direction to find (0 / 0): keep the random start, so the
+    // vector saved for the next hook (and in checkpoints) is a finite unit vector.
+    const double nv = norm2(v);
+    if (!(nv > 0) || !std::isfinite(nv)) v = random_start;
   }
   {
     const double nv = norm2(v);
