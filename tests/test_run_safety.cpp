@@ -30,6 +30,7 @@
 #include "test_util.h"
 #include "io/checkpoint.h"
 #include "train/run_io.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 using st::test::slurp;
@@ -236,6 +237,10 @@ TEST(RunSafety, TrainStopsOnAFullDisk) {
               out.find("train.log") != std::string::npos || out.find(".csv") != std::string::npos)
       << out;
   EXPECT_NE(out.find("train: error: "), std::string::npos) << out;
+  // No checkpoint yet: the advice is to start again, not --resume (which would refuse).
+  EXPECT_NE(out.find("no checkpoint was written yet: free space, then start again with "
+                     "--overwrite"), std::string::npos) << out;
+  EXPECT_TRUE(st::list_checkpoints(run_dir("enospc").string()).empty());
 }
 
 // ---- 2. signals ----
@@ -322,7 +327,9 @@ TEST(RunSafety, TwoRunsStartedTogetherOneIsRefused) {
     EXPECT_TRUE((ra == 0) != (rb == 0)) << "try " << t << ": exit codes " << ra << " and " << rb
                                         << "\n" << slurp(a.err) << "\n" << slurp(b.err);
     const std::string loser = slurp(ra == 0 ? b.err : a.err);
-    EXPECT_TRUE(loser.find("in use by another train process") != std::string::npos ||
+    const int winner = ra == 0 ? a.pid : b.pid;
+    EXPECT_TRUE(loser.find("in use by another train process (PID " + std::to_string(winner) +
+                           ")") != std::string::npos ||
                 loser.find("already exists and is not empty") != std::string::npos)
         << loser;
     EXPECT_EQ(count_lines(run_dir("race") / "metrics.jsonl", "\"loss\""), 6);
@@ -365,7 +372,11 @@ TEST(RunSafety, TwoResumesStartedTogetherOneIsRefused) {
     }
     const Proc& holder = refused == &a ? b : a;
     EXPECT_NE(rc, 0) << "try " << t;
-    EXPECT_NE(slurp(refused->err).find("in use by another train process"), std::string::npos)
+    // With the holder's PID, though it may not have written it to the lock file yet (the
+    // probe saw it missing).
+    EXPECT_NE(slurp(refused->err).find("in use by another train process (PID " +
+                                       std::to_string(holder.pid) + ")"),
+              std::string::npos)
         << slurp(refused->err);
     EXPECT_TRUE(wait_until(
         [&] { return slurp(holder.err).find("injected fault") != std::string::npos; }))
@@ -485,6 +496,14 @@ void interrupted_trials(Hit hit, int trials, uint64_t seed, TrialStats* stats) {
       } else {
         ASSERT_EQ(rc, 1) << name << " attempt " << attempt << ": " << out;
         ASSERT_NE(out.find("File too large"), std::string::npos) << out;
+        // The advice fits what is on disk: --resume names the newest checkpoint; with none,
+        // start again.
+        const auto ckpts = st::list_checkpoints(run_dir(name).string());
+        if (ckpts.empty())
+          EXPECT_NE(out.find("start again with --overwrite"), std::string::npos) << out;
+        else
+          EXPECT_NE(out.find("then --resume: it continues from " + ckpts.back().second),
+                    std::string::npos) << out;
         ++stats->clean_errors;
       }
     }

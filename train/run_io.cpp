@@ -4,12 +4,15 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "core/error.h"
@@ -93,12 +96,12 @@ void LogFile::flush() {
   buf_.clear();
   if (s.empty()) return;
   if (const int e = write_all(fd_, s.data(), s.size()))
-    fail(path_, ": write failed: ", err_text(e), "; the run stops (free space, then --resume)");
+    fail_write(path_, ": write failed: ", err_text(e), "; the run stops");
 }
 
 void LogFile::sync() {
   flush();
-  if (::fsync(fd_) != 0) fail(path_, ": fsync failed: ", err_text(errno));
+  if (::fsync(fd_) != 0) fail_write(path_, ": fsync failed: ", err_text(errno));
 }
 
 void LogFile::close() {
@@ -106,7 +109,7 @@ void LogFile::close() {
   flush();
   const int r = ::close(fd_), e = errno;
   fd_ = -1;
-  if (r != 0) fail(path_, ": close failed: ", err_text(e));
+  if (r != 0) fail_write(path_, ": close failed: ", err_text(e));
 }
 
 // ---- whole-file replacement ----
@@ -121,7 +124,7 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   if (!e && ::rename(tmp.c_str(), path.c_str()) != 0) e = errno;
   if (e) {
     ::unlink(tmp.c_str());
-    fail(path, ": writing it (through ", tmp, ") failed: ", err_text(e),
+    fail_write(path, ": writing it (through ", tmp, ") failed: ", err_text(e),
          "; the old file is unchanged");
   }
   fsync_dir(path);
@@ -147,22 +150,68 @@ void rewrite_lines_atomic(const std::string& path,
 
 // ---- run-directory lock ----
 
+namespace {
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// The PID of the process holding an flock(2) on the file (dev, ino), as the kernel lists it
+// in /proc/locks ("1: FLOCK  ADVISORY  WRITE <pid> <major>:<minor>:<inode> 0 EOF", device
+// numbers in hex); "" when not listed. Where the device numbers differ from stat's (overlay
+// file systems), a single lock on that inode number is taken.
+std::string flock_holder(dev_t dev, ino_t ino) {
+  std::ifstream f("/proc/locks");
+  std::string exact, same_inode;
+  int same_inode_count = 0;
+  for (std::string line; std::getline(f, line);) {
+    std::istringstream is(line);
+    std::string idx, kind, adv, mode, pid, id;
+    if (!(is >> idx >> kind) || kind != "FLOCK") continue;  // ("->": a waiter)
+    if (!(is >> adv >> mode >> pid >> id) || !all_digits(pid) || pid == "0") continue;
+    unsigned maj = 0, min = 0;
+    unsigned long long inode = 0;
+    if (std::sscanf(id.c_str(), "%x:%x:%llu", &maj, &min, &inode) != 3 || inode != ino) continue;
+    if (maj == major(dev) && min == minor(dev)) exact = pid;
+    same_inode = pid;
+    ++same_inode_count;
+  }
+  return !exact.empty() ? exact : same_inode_count == 1 ? same_inode : "";
+}
+
+// The PID the lock file records ("" if none yet or not a number).
+std::string recorded_pid(int fd) {
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+  while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+  return all_digits(pid) ? pid : "";
+}
+
+}  // namespace
+
 RunDirLock::RunDirLock(const std::string& dir) {
   const std::string path = (fs::path(dir) / kFileName).string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) fail(path, ": cannot open the run directory's lock file: ", err_text(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
-    char buf[32] = {};
-    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    // Who holds it: the kernel's lock table first (the file may still hold an earlier
+    // run's PID: the holder writes its own just after taking the lock); else the file,
+    // given the holder a moment to write it (two processes started together).
+    std::string pid;
+    struct stat st {};
+    for (int i = 0; e == EWOULDBLOCK && pid.empty() && i < 50; ++i) {
+      if (i) ::usleep(20000);
+      if (::fstat(fd_, &st) == 0) pid = flock_holder(st.st_dev, st.st_ino);
+      if (pid.empty() && i == 49) pid = recorded_pid(fd_);
+    }
     ::close(fd_);
     fd_ = -1;
-    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) pid.clear();
     if (e == EWOULDBLOCK)
       fail("run directory '", dir, "' is in use by another train process",
-           pid.empty() ? std::string() : " (PID " + pid + ")",
+           pid.empty() ? std::string(" (its PID is not in /proc/locks nor in ") + path + ")"
+                       : " (PID " + pid + ")",
            "; wait for it to end or stop it (kill -TERM writes a checkpoint) before starting, "
            "resuming or overwriting this run");
     fail(path, ": flock failed: ", err_text(e));

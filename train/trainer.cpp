@@ -396,6 +396,11 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   detail::Run r(cfg, opt);
   try {
     return r.go();
+  } catch (const WriteError& e) {  // a full disk: say how to go on from what is on disk
+    const Error with_advice(std::string(e.what()) + r.after_write_error());
+    if (r.distributed()) r.abort_all(with_advice);
+    r.finalize_quietly();
+    throw with_advice;
   } catch (const std::exception& e) {
     if (r.distributed()) r.abort_all(e);  // does not return
     r.finalize_quietly();
