@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -449,6 +450,27 @@ TEST(TrainGpt2, ShardsTrainDeterministicallyAndResumeExactly) {
   EXPECT_EQ(c.weights_sha256, a.weights_sha256);
   std::printf("  loss %.3f -> %.3f, val %.4f; sample: %.60s...\n", a.losses.front(),
               a.losses.back(), a.val_loss, a.sample.c_str());
+}
+
+// An llm.c model with more tokens than train's uint16 token files hold converts (other
+// tools can read it) but says that train cannot use the result (the probe: silent).
+TEST(ExportWeights, VocabularyBeyondTrainsTokenIdsConvertsWithAWarning) {
+  ModelWeights w;
+  w.config.n_layer = 1, w.config.n_head = 1, w.config.n_embd = 4, w.config.max_seq_len = 4;
+  w.config.vocab_size = 70000;
+  w.config.padded_vocab_size = w.config.vp();
+  w.params.assign(size_t(num_parameters(w.config)), 0.25f);
+  const std::string src = (tmp() / "v70000.llmc.bin").string(), out = (tmp() / "v70000_hf").string();
+  save_llmc(src, w, false);
+  const Cmd r = run(std::string(ST_EXPORT_BIN) + " --input " + src + " --format safetensors --output " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("export_weights: warning: " + src + " has vocab_size 70000, above the 65536 "
+                       "token ids train stores (uint16)"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  const ModelWeights back = load_weights(out + "/model.safetensors");
+  EXPECT_EQ(back.config.vocab_size, 70000);
+  EXPECT_EQ(back.params.size(), w.params.size());
+  std::printf("  %s", r.err.c_str());
 }
 
 // A run started from exported weights evaluates like the run that wrote them: llm.c FP32,

@@ -608,6 +608,47 @@ TEST(ReportBadInput, OneLineErrorsNamingThePath) {
   EXPECT_EQ(before, snapshot(run_b()));
 }
 
+// A metrics.jsonl with lines that are not JSON (the probe: a binary file and a `{garbage`
+// line each exited 0, the note only inside the page): the skipped lines are counted on the
+// console with the file's path; a run with no readable line at all is an error, and a
+// partly readable one a warning beside a written page.
+TEST(ReportBadInput, UnreadableMetricsLinesAreSaidOnTheConsole) {
+  const fs::path out = tmp_root() / "garbage.html";
+  auto run_with = [&](const std::string& name, const std::string& metrics) {
+    const fs::path d = tmp_root() / name;
+    fs::remove_all(d);
+    fs::create_directories(d);
+    fs::copy_file(run_b() / "config.yaml", d / "config.yaml");
+    std::ofstream(d / "metrics.jsonl", std::ios::binary) << metrics;
+    return d;
+  };
+  std::string binary(5000, '\0');
+  for (size_t i = 0; i < binary.size(); ++i) binary[i] = char((i * 7919 + 13) % 256);
+  for (const auto& [name, metrics, skipped] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"garbage_bin", binary, "malformed line"},
+           {"garbage_line", "{garbage\n", "skipped 1 malformed line"},
+           {"garbage_empty", "", "empty: the run has not logged a step yet"}}) {
+    SCOPED_TRACE(name);
+    const fs::path d = run_with(name, metrics);
+    const Cmd r = report(q(d) + " -o " + q(out));
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("report: error: '" + d.string() + "/metrics.jsonl' has no readable line"),
+              std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(skipped), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+    std::printf("  %s", r.err.c_str());
+  }
+  // Readable lines and one garbage line: the page is written, the console says what was left out.
+  std::string good = slurp(run_b() / "metrics.jsonl");
+  const fs::path d = run_with("garbage_some", good + "{garbage\n" + "\x01\x02\n");
+  const Cmd r = report(q(d) + " --no-checkpoints -o " + q(out));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("report: warning: " + d.string() + "/metrics.jsonl: skipped 2 malformed lines"),
+            std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(out));
+  std::printf("  %s", r.err.c_str());
+}
+
 // Issue 19: a corrupted hook CSV (a huge layer or head index, a bad step, a field that is
 // not a number, a short line), a config.yaml with a huge model.n_layer, or a metrics.jsonl
 // that is a directory gave SIGSEGV, std::bad_alloc or a silently incomplete report. Each

@@ -6,6 +6,8 @@
 //   safetensors  PATH is a folder: PATH/model.safetensors (Hugging Face GPT-2 names) and
 //                PATH/config.json, so GPT2LMHeadModel.from_pretrained(PATH) opens it;
 //   llmc         llm.c model file, version 3 (FP32); llmc-bf16: version 5 (BF16, RNE).
+// A model with more than 65,536 tokens converts with a warning: train cannot use it (its
+// token files hold uint16 ids).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "data/shards.h"
 #include "io/weights.h"
 #include "train/run_io.h"
 #include "train/trainer.h"
@@ -40,6 +43,13 @@ int main(int argc, char** argv) {
     }
     const st::ModelWeights w = st::load_weights(input, n_head);
     const auto& c = w.config;
+    // The formats hold larger vocabularies than train's token files (uint16 ids).
+    if (c.vocab_size > st::kMaxTokenVocab)
+      std::fprintf(stderr,
+                   "export_weights: warning: %s has vocab_size %d, above the %d token ids train "
+                   "stores (uint16): the result converts, but train cannot train, resume or "
+                   "initialise from it\n",
+                   input.c_str(), c.vocab_size, st::kMaxTokenVocab);
     if (format == "safetensors") {
       fs::create_directories(output);
       const std::string file = (fs::path(output) / "model.safetensors").string();

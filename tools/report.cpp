@@ -105,6 +105,21 @@ std::string now_text() {
 
 }  // namespace
 
+// The runs' skipped lines on the console (the page has them too), and a run with no
+// readable metrics line is an error -- except while --watch waits for a run to start.
+void check_readable(const std::vector<st::report::RunData>& data, bool watching) {
+  for (const auto& r : data)
+    for (const auto& s : r.skipped_lines) std::fprintf(stderr, "report: warning: %s\n", s.c_str());
+  for (const auto& r : data) {
+    if (r.metrics_records > 0) continue;
+    const std::string why = "'" + r.dir + "/metrics.jsonl' has no readable line" +
+                            (r.metrics_note.empty() ? " (empty: the run has not logged a step yet)"
+                                                    : " (" + r.metrics_note + ")");
+    if (!watching) st::fail(why, "; give a run directory train wrote, or --watch to wait for it");
+    std::fprintf(stderr, "report: warning: %s; watching\n", why.c_str());
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"report: an HTML stability report of training runs, or the spectral-norm table (--text)"};
   std::vector<std::string> runs;
@@ -135,6 +150,7 @@ int main(int argc, char** argv) {
       if (watch) st::fail("--watch rewrites an HTML report; it does not go with --text");
       std::vector<st::report::RunData> data;
       for (const auto& r : runs) data.push_back(st::report::load_run(r));
+      check_readable(data, false);
       for (size_t i = 0; i < data.size(); ++i) {
         if (i) std::printf("\n");
         std::fputs(st::report::text_report(data[i], matrix, top).c_str(), stdout);
@@ -150,6 +166,7 @@ int main(int argc, char** argv) {
     for (int round = 0;; ++round) {
       std::vector<st::report::RunData> data;
       for (const auto& r : runs) data.push_back(st::report::load_run(r));
+      if (round == 0) check_readable(data, watch > 0);
       st::report::HtmlOptions opt;
       opt.reference = reference_index(runs, data, reference);
       opt.max_checkpoint_pairs = max_ckpt;

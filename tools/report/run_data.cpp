@@ -352,6 +352,7 @@ RunData load_run(const std::string& dir) {
       ++bad;
       continue;
     }
+    ++r.metrics_records;
     const int64_t s = j["step"].get<int64_t>();
     if (j.contains("loss")) {
       const auto sk = j.find("skipped");
@@ -377,6 +378,7 @@ RunData load_run(const std::string& dir) {
     r.val_loss.push_back(v);
   }
   r.metrics_note = skipped_note("metrics.jsonl", incomplete, bad);
+  if (!r.metrics_note.empty()) r.skipped_lines.push_back(skipped_note(mp.string(), incomplete, bad));
 
   // checkpoints
   static const std::regex ck("ckpt_([0-9]{8})\\.bin");
@@ -421,6 +423,7 @@ RunData load_run(const std::string& dir) {
       }
       r.events_state.present = true;
       r.events_state.note = skipped_note("events.jsonl", inc, ebad);
+      if (!r.events_state.note.empty()) r.skipped_lines.push_back(skipped_note(ep.string(), inc, ebad));
     } catch (const std::exception& e) {
       r.events_state.note = std::string("events.jsonl could not be read: ") + e.what();
     }

@@ -92,6 +92,10 @@ struct RunData {
   std::vector<int64_t> val_steps;
   std::vector<double> val_loss;
   std::string metrics_note;  // skipped lines
+  size_t metrics_records = 0;  // readable lines (a JSON object with a step)
+  // Lines skipped in metrics.jsonl and events.jsonl, one remark per file naming its path
+  // and the count: `report` prints them on the console as well as in the page.
+  std::vector<std::string> skipped_lines;
 
   std::map<int64_t, std::string> checkpoints;  // step -> path (ckpt_NNNNNNNN.bin)
 
