@@ -98,8 +98,9 @@ const Key kSchema[] = {
      "text file to write missing train/val shards from (prepare_data's rules); empty: never"},
     {ST_KEY(data, val_fraction), open_closed(0, 0.5), "held-out share when val_path is empty"},
 
-    {ST_KEY(train, max_steps), closed(1, kMaxCheckpointStep),
-     "optimizer steps (checkpoint names hold 8 digits)"},
+    // At most kMaxCheckpointStep: checkpoint names hold 8 digits. (The descriptions are
+    // config.yaml's comments, which checkpoints record: unchanged keeps runs' bytes.)
+    {ST_KEY(train, max_steps), closed(1, kMaxCheckpointStep), "optimizer steps"},
     {ST_KEY(train, batch_size), closed(1, 4096), "micro-batch size B"},
     {ST_KEY(train, seq_len), closed(1, kMaxSeqLen),
      "tokens per sequence T; at most model.max_seq_len"},
@@ -127,8 +128,8 @@ const Key kSchema[] = {
 
     {ST_KEY(precision, compute), any(), "compute precision; fp64: reference",
      "fp32|bf16|fp16|fp64"},
-    {ST_KEY(precision, loss_scale_init), closed(1, 16777216),
-     "initial loss scale (fp16; the scaler keeps it within 1..2^24)"},
+    // 1..2^24: the fp16 loss scaler's bounds (optim/loss_scaler.h).
+    {ST_KEY(precision, loss_scale_init), closed(1, 16777216), "initial loss scale (fp16)"},
     {ST_KEY(precision, loss_scale_growth_interval), at_least(1),
      "clean steps before the loss scale doubles (fp16 only)"},
 
