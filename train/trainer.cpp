@@ -97,7 +97,8 @@ namespace detail {
 // checkpoint shard, before the main file), ckpt_written (after the main file, before its
 // metrics record) or resume (STEP = the checkpoint's step: after the logs were cut back to
 // it, before the checkpoint record is re-derived); MODE = exit (dies at once, no MPI
-// cleanup), kill (SIGKILL to itself), hang (sleeps forever) or error (throws, like a failed
+// cleanup), kill (SIGKILL to itself), hang (sleeps forever), wait_signal (waits up to 120 s
+// for SIGINT/SIGTERM, then goes on: a stop at a known step) or error (throws, like a failed
 // write).
 void inject_fault(int rank, int64_t step, const char* where) {
   static const std::string spec = [] {
@@ -128,6 +129,11 @@ void inject_fault(int rank, int64_t step, const char* where) {
   if (parts[3] == "kill") std::raise(SIGKILL);  // crash-consistency tests: no cleanup at all
   if (parts[3] == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (parts[3] == "wait_signal") {
+    for (int i = 0; i < 1200 && !stop_signal::pending(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return;
+  }
   fail("injected failure at step ", step, " (", where, "; STABLETRAIN_FAULT)");
 }
 
