@@ -13,6 +13,14 @@ Rows:
   run directory      the lock tests (concurrent starts, resumes, --overwrite while running)
   fuzz <target>      test_fuzz with STABLETRAIN_FUZZ_ITERS cases per target
   MPI rank failures  test_distributed DataParallel.FailingRankEndsEveryRank... (4 scenarios)
+  SIGTERM to mpirun  test_distributed DataParallel.SigtermToMpirun... (every rank checkpoints
+                     the same step; the resumed job equals the uninterrupted one)
+  resume mismatch    test_trainer TrainResume.CheckpointOfOtherArithmeticIsRefused (crafted
+                     checkpoints: another compute format, non-UTF-8 config, loss scale, step)
+  hook state damage  test_trainer TrainBadInput.DamagedHooksStateIsRefusedAtEveryOffset (every
+                     8-byte slot of a real hooks_state set to 0xff.. and to 2^40)
+  non-finite state   test_trainer NonFiniteWeightsAreNeverCheckpointed + NanLossStops... and
+                     test_checkpoint InconsistentValuesAreRefused (loss scales, NaN, inf)
 A row's failures show as crash/hang or data lost; "silently accepted" counts inputs the
 tests require to be refused that were accepted (a failed refusal assertion).
 """
@@ -115,6 +123,53 @@ def main():
     rows.append(("MPI rank failures", 4, 4 if f == 0 else "?", f, 0, 0,
                  "a rank exits, hangs, throws, or dies while checkpointing: every rank ends with "
                  "one error, no half checkpoint" if f == 0 else "FAILURES: see the log"))
+
+    rc, out, dt = run([os.path.join(b, "test_distributed"),
+                       "--gtest_filter=DataParallel.SigtermToMpirun*"])
+    log.append(("mpi sigterm", dt, out))
+    p, f = gtest_counts(out)
+    rows.append(("SIGTERM to mpirun", 1, 1 if f == 0 and p == 1 else "?", 0, 0, f,
+                 "2 ranks, ZeRO-1: both shards and the main file of the stop step; resumed job "
+                 "equal to the uninterrupted one" if f == 0 and p == 1 else
+                 "FAILURES (or not run: no MPI?): see the log"))
+
+    def trainer(flt):
+        rc, out, dt = run([os.path.join(b, "test_trainer"), "--gtest_filter=" + flt])
+        log.append((flt, dt, out))
+        return out
+
+    # Crafted checkpoints of other arithmetic: one printed line per case, "what -> error".
+    out = trainer("TrainResume.CheckpointOfOtherArithmeticIsRefused")
+    p, f = gtest_counts(out)
+    cases = re.findall(r"^  (.+?)\s+-> train: error: ", out, re.M)
+    rows.append(("resume mismatch", len(cases), len(cases) if f == 0 else "?", 0, f, 0,
+                 "crafted checkpoints (" + ", ".join(c.strip() for c in cases) + ") each refused "
+                 "in one line, checkpoint and logs unchanged; an allowed change logged in "
+                 "train.log and metrics.jsonl" if f == 0 and cases else "FAILURES: see the log"))
+    out = trainer("TrainBadInput.DamagedHooksStateIsRefusedAtEveryOffset")
+    p, f = gtest_counts(out)
+    m = re.search(r"hooks_state of (\d+) bytes: (\d+) damaged copies refused, (\d+) holding "
+                  r"valid values kept exactly", out)
+    if m:
+        size, refused, kept = map(int, m.groups())
+        rows.append(("hook state damage", refused + kept + 3, refused + 3 if f == 0 else "?", 0,
+                     f, 0, f"every 8-byte slot of a {size}-byte state set to 0xff.. and to 2^40: "
+                     f"{refused} refused naming field and offset, {kept} holding values a valid "
+                     "state may hold kept exactly; 3 more through train" if f == 0 else
+                     "FAILURES: see the log"))
+    else:
+        rows.append(("hook state damage", "?", "?", 0, "?", 0, "no summary line: see the log"))
+    out = trainer("TrainBadInput.NonFiniteWeightsAreNeverCheckpointed:"
+                  "TrainBadInput.NanLossStopsAndKeepsLastGoodCheckpoint")
+    p, f = gtest_counts(out)
+    rc, out2, dt = run([os.path.join(b, "test_checkpoint"),
+                        "--gtest_filter=Checkpoint.InconsistentValuesAreRefused"])
+    log.append(("test_checkpoint", dt, out2))
+    p2, f2 = gtest_counts(out2)
+    rows.append(("non-finite state", 2 + 1, 3 if f + f2 == 0 else "?", 0, f + f2, 0,
+                 "NaN weight never checkpointed, NaN loss stops naming the last good checkpoint, "
+                 "NaN/inf/out-of-range loss scales refused at load" if f + f2 == 0 else
+                 "FAILURES: see the log"))
 
     print("| area | cases | clean error | crash/hang | silently accepted | data lost | notes |")
     print("|---|---:|---:|---:|---:|---:|---|")
