@@ -72,13 +72,14 @@ struct Reader {
     pos += 8;
     return x;
   }
-  // A vector of finite values whose length is one of `sizes`; `unit`: of length 1 (the
-  // power-iteration and error-direction vectors are normalised when written).
+  // A vector of finite values whose length is one of `sizes` (none given: any length the
+  // state holds); `unit`: of length 1 (the power-iteration and error-direction vectors are
+  // normalised when written).
   std::vector<double> vec(const std::string& what, std::initializer_list<uint64_t> sizes,
                           bool unit = false) {
     const size_t at = pos;
     const uint64_t n = u64(what.c_str());
-    bool size_ok = false;
+    bool size_ok = sizes.size() == 0;
     for (uint64_t k : sizes) size_ok |= n == k;
     if (!size_ok) {
       std::string want;
@@ -103,11 +104,7 @@ struct Reader {
   // The spike detector's window: finite values >= 0 (losses, gradient norms).
   std::vector<double> window(const std::string& what) {
     const size_t at = pos;
-    const uint64_t n = u64(what.c_str());
-    if (n > (b.size() - pos) / sizeof(double))
-      bad(at, what + " is cut off (" + std::to_string(n) + " values, the state ends)");
-    pos = at;
-    std::vector<double> v = vec(what, {n});
+    std::vector<double> v = vec(what, {});
     for (size_t i = 0; i < v.size(); ++i)
       if (v[i] < 0) bad(at + 8 + i * 8, what + " value " + std::to_string(i) + " is " + num(v[i]) +
                         ", expected >= 0");
