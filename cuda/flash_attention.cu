@@ -11,6 +11,8 @@
 //   tiles           (block_q, block_k) in flash::kFwdTilesText (forward); the backward's
 //                   own tiles only need block_q, block_k multiples of 64 in accum-low mode
 //   delta           o | o_split | o_fp32 | dp_p  (fp32_recompute: CPU only)
+//   O~ amplifier    o_tilde_bits or o_tilde_gain, o_tilde_scope all | tied, mma_sync kernels
+//                   (untied_matched and tie_break: CPU only)
 //   head size       64 or 128; any T >= 1, any B * NH
 // Each object belongs to one layer and keeps, between forward and backward, what the delta
 // mode needs (o_fp32: O in FP32; o_split: the residual tensor) plus the delta row buffer,
@@ -77,18 +79,9 @@ class FlashAttentionCuda : public Attention {
     if (!cfg.fp32_out_heads.empty())
       fail("attention.fp32_out_heads is not supported by the CUDA flash kernels; use "
            "attention.delta: o_fp32 (the backward's delta from the forward's FP32 O) instead");
-    if (cfg.o_tilde_bits)
-      fail("attention.o_tilde_bits = ", cfg.o_tilde_bits,
-           " is CPU only; the CUDA flash kernels keep O~ in attention.accum's format");
-    if (cfg.o_tilde_gain != 0)
-      fail("attention.o_tilde_gain = ", cfg.o_tilde_gain,
-           " is CPU only (the CUDA flash kernels round O~ as accum says); run it with device: cpu");
-    if (cfg.o_tilde_scope != OTildeScope::All)
-      fail("attention.o_tilde_scope = ", o_tilde_scope_name(cfg.o_tilde_scope),
-           " is CPU only (the CUDA flash kernels have no narrowed O~); run it with device: cpu");
-    if (cfg.tie_break != 0)
-      fail("attention.tie_break = ", cfg.tie_break,
-           " is CPU only (the CUDA flash kernels do not break ties); run it with device: cpu");
+    // o_tilde_bits / o_tilde_gain with o_tilde_scope all or tied: the amplifier kernels
+    // (flash_fwd_amp_*.cu); untied_matched, tie_break and sm90 with an amplifier are refused.
+    flash::check_amplifier(cfg);
     if (cfg.delta == DeltaMode::Fp32Recompute)
       fail("attention.delta = fp32_recompute is CPU only; the CUDA flash kernels support o, "
            "o_split, o_fp32 and dp_p");

@@ -155,6 +155,22 @@ __device__ __forceinline__ float round_double(double x) {
   }
 }
 
+// x rounded to nearest even with `bits` fraction bits (1..21) and FP32's exponent range, as
+// the CPU's round_fraction_bits (core/attention_numerics.h): round to odd at FP32
+// (truncate, set the last bit when inexact), then RNE at bit 23 - bits on the integer
+// encoding (a carry out of the largest finite value lands on Inf). NaN and Inf pass through.
+__device__ __forceinline__ float round_bits(double x, int bits) {
+  if (!isfinite(x)) return static_cast<float>(x);
+  const float t = __double2float_rz(x);
+  uint32_t u = __float_as_uint(t);
+  if (static_cast<double>(t) != x) u |= 1u;
+  const int drop = 23 - bits;
+  const uint32_t mag = u & 0x7fffffffu;
+  uint32_t r = mag + ((1u << (drop - 1)) - 1u) + ((mag >> drop) & 1u);
+  r &= ~((1u << drop) - 1u);
+  return __uint_as_float(r | (u & 0x80000000u));
+}
+
 // ---------------------------------------------------------------- shared tiles
 
 // Row-major tile of ROWS x HD elements at pitch HD + 8 (see the top of this file).

@@ -29,6 +29,17 @@
 // of an FP32 score with it is exactly the CPU's FP64 comparison); if ties > 1 and r_m != 0:
 // m' = round_accum(r_m + min(shift, cap)) in FP64, shift = (beta - 1) r_m (r_m > 0) or -r_m.
 //
+// The O~ amplifier (AMP, flash_fwd_amp_*.cu; attention.o_tilde_bits / o_tilde_gain /
+// o_tilde_scope, docs/numerics.md finding 7): O~ in FP32 registers whatever accum says,
+// each tile's P~V formed from zero in FP32, then merged per element in FP64 exactly as the
+// CPU lab's flash_forward (merge_pv_amp below): O~ = r_ot(alpha O~ + r_ot(pv)) with r_ot
+// o_tilde_bits fraction bits on the amplified updates and accum's format on the others, or
+// with the gain O~ = u + gain (r - u). Scope tied amplifies only the updates of tiles whose
+// maximum is tied (the stabilized test above, on the unshifted scores, for flash too).
+// alpha, l and the rest as the mode without it. What remains different from the lab is what
+// the plain kernels have (the MMA's summation order, the FP32 row sum, ex2); where those are
+// exact (tests/simt/test_simt_flash.cpp, AmplifierBitExact) the outputs are the lab's bits.
+//
 // Work decomposition: grid (B*NH, ceil(T / BR)); a block of BR/16 warps owns BR query rows,
 // each warp 16 of them (two per thread: rows g and g + 8 of the warp's 16, see
 // flash_common.cuh for the fragment layout). Query tiles run heaviest first (the causal
@@ -52,11 +63,15 @@ namespace st::flash {
 // scale (and round, scores = low), mask, the tile maximum (stabilized: the shifted maximum),
 // alpha, P~ = round_T(exp(S - m_new)) in place of s, the P~ == 1 counts and l. Shared by the
 // mma.sync kernel (below) and the sm_90 kernel (flash_fwd_sm90.cuh), so both round alike.
-template <class T, int NB, bool STAB, bool ACC_LOW>
+// AMP (the O~ amplifier kernels): upd[ri] says how the row's O~ update of this tile goes:
+// 0 the row has no unmasked key in the tile (the CPU lab never visits such a tile: O~ stays
+// as it is), 1 rounded into accum, 2 amplified (o_tilde_scope all, or the tile is tied: more
+// than one score within tie_tol of its maximum, the same test as stabilized flash's).
+template <class T, int NB, bool STAB, bool ACC_LOW, bool AMP = false>
 __device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2], int (&ptilde)[2],
                                              const FwdParams& p, int kv0, int row_a, int row_b,
-                                             int c, bool need_mask) {
+                                             int c, bool need_mask, int (&upd)[2]) {
   using AccT = std::conditional_t<ACC_LOW, T, float>;
   scale_scores<T, NB>(s, p.scale, p.scores_low);
   if (need_mask) {
@@ -79,13 +94,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], f
     for (int nb = 0; nb < NB; ++nb) rm = fmaxf(rm, fmaxf(s[nb][2 * ri], s[nb][2 * ri + 1]));
     rm = quad_max(rm);
     float mp = rm;
-    if constexpr (STAB) {
+    int ties = 0;
+    if (STAB || (AMP && p.o_tilde_tied)) {  // uniform over the kernel
       // Every lane takes part in the shuffles; the condition is applied afterwards.
       const float thr = __double2float_ru(static_cast<double>(rm) - p.tie_tol);
-      int ties = 0;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) ties += (s[nb][2 * ri] >= thr) + (s[nb][2 * ri + 1] >= thr);
       ties = quad_sum_int(ties);
+    }
+    if constexpr (AMP) upd[ri] = rm == -INFINITY ? 0 : (!p.o_tilde_tied || ties > 1) ? 2 : 1;
+    if constexpr (STAB) {
       if (ties > 1 && rm != 0.f && rm > -INFINITY) {
         const double r = rm;
         const double shift = r > 0 ? (p.beta - 1.0) * r : -r;
@@ -132,6 +150,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], f
   }
 }
 
+template <class T, int NB, bool STAB, bool ACC_LOW>
+__device__ __forceinline__ void softmax_tile(float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], int (&ptilde)[2],
+                                             const FwdParams& p, int kv0, int row_a, int row_b,
+                                             int c, bool need_mask) {
+  int unused[2];
+  softmax_tile<T, NB, STAB, ACC_LOW, false>(s, m, l, alpha, ptilde, p, kv0, row_a, row_b, c,
+                                            need_mask, unused);
+}
+
 // O~ *= alpha per row (FP32 mode, FA2 order: before the tile's P~V accumulates into it).
 template <int ON>
 __device__ __forceinline__ void scale_acc(float (&acc)[ON][4], const float (&alpha)[2]) {
@@ -155,6 +183,45 @@ __device__ __forceinline__ void merge_pv_low(uint32_t (&acl)[ON][2], const float
       const float n0 = add_round<T>(__fmul_rn(alpha[ri], o.x), round_t<T>(pv[nb][2 * ri]));
       const float n1 = add_round<T>(__fmul_rn(alpha[ri], o.y), round_t<T>(pv[nb][2 * ri + 1]));
       acl[nb][ri] = pack2<T>(n0, n1);
+    }
+}
+
+// AMP: the O~ update as the CPU lab's flash_forward forms it, in FP64 from the FP32 values:
+// u = alpha * O~ + pv (alpha * O~ exact in FP64: two values of at most 24 bits), pv the
+// tile's P~V formed from zero,
+//   r  = r_ot(alpha * O~ + r_ot(pv))   r_ot: o_tilde_bits fraction bits on an amplified
+//                                      update (round_bits), else accum's format (T or FP32)
+//   O~ = r, or with o_tilde_gain on an amplified update O~ = round_FP32(u + gain * (r - u))
+// Each rounding is one correct rounding of the FP64 value, as round_fmt /
+// round_fraction_bits on the CPU; the kernels are built without FMA contraction, so the FP64
+// expressions are the CPU's operation for operation. Rows with upd 0 keep O~ as it is.
+template <class T, int ON, bool ACC_LOW>
+__device__ __forceinline__ void merge_pv_amp(float (&acc)[ON][4], const float (&alpha)[2],
+                                             const float (&pv)[ON][4], const int (&upd)[2],
+                                             const FwdParams& p) {
+  const int bits = p.o_tilde_bits;
+  const double gain = p.o_tilde_gain;
+  auto r_ot = [bits](double x, bool amp) -> float {
+    if (amp && bits) return round_bits(x, bits);
+    if constexpr (ACC_LOW) return round_double<T>(x);
+    return __double2float_rn(x);
+  };
+#pragma unroll
+  for (int nb = 0; nb < ON; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int u_ = upd[e >> 1];
+      if (u_ == 0) continue;
+      const bool amp = u_ == 2;
+      const double scaled = static_cast<double>(alpha[e >> 1]) * static_cast<double>(acc[nb][e]);
+      const double x = pv[nb][e];
+      const float r = r_ot(scaled + static_cast<double>(r_ot(x, amp)), amp);
+      if (amp && gain != 0) {
+        const double u = scaled + x;
+        acc[nb][e] = __double2float_rn(u + gain * (static_cast<double>(r) - u));
+      } else {
+        acc[nb][e] = r;
+      }
     }
 }
 
@@ -212,7 +279,7 @@ __device__ __forceinline__ void store_rows(const FwdParams& p, const float (&acc
   }
 }
 
-template <class T, int HD, int BR, int BC, bool STAB, bool ACC_LOW>
+template <class T, int HD, int BR, int BC, bool STAB, bool ACC_LOW, bool AMP>
 __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
   constexpr int NT = BR * 2;  // BR / 16 warps
   constexpr int P = kPitch<HD>;
@@ -247,7 +314,7 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
 
   const int row_a = q0 + warp * 16 + g, row_b = row_a + 8;  // this thread's two rows
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float acc[ON][4];     // O~ (FP32 mode)
+  float acc[ON][4];     // O~ (FP32 mode; AMP: every mode, the values of O~'s format)
   uint32_t acl[ON][2];  // O~ as packed T pairs (ACC_LOW): [nb][ri] = (d[2ri], d[2ri+1])
 #pragma unroll
   for (int nb = 0; nb < ON; ++nb) {
@@ -283,14 +350,22 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
     const int kv0 = j * BC;
     const bool need_mask = kv0 + BC > T_ || (p.causal && kv0 + BC - 1 > q0);
     float alpha[2];
-    softmax_tile<T, NB, STAB, ACC_LOW>(s, m, l, alpha, ptilde, p, kv0, row_a, row_b, c, need_mask);
+    int upd[2];  // AMP: how each row's O~ update goes (softmax_tile)
+    softmax_tile<T, NB, STAB, ACC_LOW, AMP>(s, m, l, alpha, ptilde, p, kv0, row_a, row_b, c,
+                                            need_mask, upd);
     uint32_t pa[BC / 16][4];
     c_to_a<T, NB>(pa, s);
 
     // ---- O~ update with V_j
     cp_async_wait<2>();
     __syncthreads();
-    if constexpr (!ACC_LOW) {
+    if constexpr (AMP) {
+      float pv[ON][4];
+#pragma unroll
+      for (int nb = 0; nb < ON; ++nb) pv[nb][0] = pv[nb][1] = pv[nb][2] = pv[nb][3] = 0.f;
+      gemm_pv<T, HD, BC>(pv, pa, sV + st * kStage, 0, lane);
+      merge_pv_amp<T, ON, ACC_LOW>(acc, alpha, pv, upd, p);
+    } else if constexpr (!ACC_LOW) {
       scale_acc<ON>(acc, alpha);
       gemm_pv<T, HD, BC>(acc, pa, sV + st * kStage, 0, lane);
     } else {
@@ -303,13 +378,13 @@ __global__ void __launch_bounds__(BR * 2) fwd_kernel(const FwdParams p) {
     __syncthreads();  // stage st is refilled in the next iteration
   }
 
-  store_rows<T, HD, ACC_LOW>(p, acc, acl, m, l, ptilde, row_a, row_b, bh, c);
+  store_rows<T, HD, ACC_LOW && !AMP>(p, acc, acl, m, l, ptilde, row_a, row_b, bh, c);
 }
 
-template <class T, int HD, int BR, int BC, bool STAB, bool ACC_LOW>
+template <class T, int HD, int BR, int BC, bool STAB, bool ACC_LOW, bool AMP>
 void launch_fwd(const FwdParams& p, cudaStream_t stream) {
   constexpr int kSmem = (BR + 4 * BC) * kPitch<HD> * 2;
-  auto kernel = fwd_kernel<T, HD, BR, BC, STAB, ACC_LOW>;
+  auto kernel = fwd_kernel<T, HD, BR, BC, STAB, ACC_LOW, AMP>;
   // Per call (cheap), so it holds on whichever device is current.
   ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(static_cast<unsigned>(p.B * p.NH), static_cast<unsigned>((p.T + BR - 1) / BR));
@@ -317,36 +392,44 @@ void launch_fwd(const FwdParams& p, cudaStream_t stream) {
   ST_CUDA_CHECK_LAUNCH("flash fwd_kernel");
 }
 
-template <class T, int HD, int BR, int BC>
+template <class T, int HD, int BR, int BC, bool AMP>
 void fwd_variants(const FwdParams& p, bool stab, bool acc_low, cudaStream_t s) {
   if (stab) {
     if (acc_low)
-      launch_fwd<T, HD, BR, BC, true, true>(p, s);
+      launch_fwd<T, HD, BR, BC, true, true, AMP>(p, s);
     else
-      launch_fwd<T, HD, BR, BC, true, false>(p, s);
+      launch_fwd<T, HD, BR, BC, true, false, AMP>(p, s);
   } else {
     if (acc_low)
-      launch_fwd<T, HD, BR, BC, false, true>(p, s);
+      launch_fwd<T, HD, BR, BC, false, true, AMP>(p, s);
     else
-      launch_fwd<T, HD, BR, BC, false, false>(p, s);
+      launch_fwd<T, HD, BR, BC, false, false, AMP>(p, s);
   }
 }
 
-template <class T, int HD>
+template <class T, int HD, bool AMP>
 void fwd_tiles(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s) {
-  if (bq == 64 && bk == 64) return fwd_variants<T, HD, 64, 64>(p, stab, acc_low, s);
-  if (bq == 128 && bk == 64) return fwd_variants<T, HD, 128, 64>(p, stab, acc_low, s);
-  if (bq == 128 && bk == 128) return fwd_variants<T, HD, 128, 128>(p, stab, acc_low, s);
+  if (bq == 64 && bk == 64) return fwd_variants<T, HD, 64, 64, AMP>(p, stab, acc_low, s);
+  if (bq == 128 && bk == 64) return fwd_variants<T, HD, 128, 64, AMP>(p, stab, acc_low, s);
+  if (bq == 128 && bk == 128) return fwd_variants<T, HD, 128, 128, AMP>(p, stab, acc_low, s);
   fail("flash attention (CUDA): tiles attention.block_q = ", bq, ", attention.block_k = ", bk,
        " are not supported (supported (block_q, block_k): ", kFwdTilesText, ")");
 }
 
-template <class T>
+// AMP: the amplifier kernels (flash_fwd_amp_*.cu), which need o_tilde_bits or o_tilde_gain;
+// the others (flash_fwd_bf16.cu, flash_fwd_f16.cu) refuse both.
+template <class T, bool AMP>
 void fwd_dispatch(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s) {
   ST_CHECK(p.B * p.NH > 0 && p.T > 0, "flash forward: empty problem");
   ST_CHECK((p.T + 63) / 64 <= 65535, "flash forward: T = ", p.T, " is too long");
-  if (p.hs == 64) return fwd_tiles<T, 64>(p, bq, bk, stab, acc_low, s);
-  if (p.hs == 128) return fwd_tiles<T, 128>(p, bq, bk, stab, acc_low, s);
+  const bool amp = p.o_tilde_bits != 0 || p.o_tilde_gain != 0;
+  ST_CHECK(amp == AMP, "flash forward: ", AMP ? "the amplifier kernels need" : "the plain kernels "
+           "do not take", " attention.o_tilde_bits or o_tilde_gain (bits ", p.o_tilde_bits,
+           ", gain ", p.o_tilde_gain, ")");
+  ST_CHECK(!p.o_tilde_bits || (p.o_tilde_bits >= 1 && p.o_tilde_bits <= 21),
+           "flash forward: o_tilde_bits = ", p.o_tilde_bits, " (1..21)");
+  if (p.hs == 64) return fwd_tiles<T, 64, AMP>(p, bq, bk, stab, acc_low, s);
+  if (p.hs == 128) return fwd_tiles<T, 128, AMP>(p, bq, bk, stab, acc_low, s);
   fail("flash attention (CUDA): head size ", p.hs, " is not supported (64 or 128)");
 }
 

@@ -3,6 +3,6 @@
 
 namespace st::flash {
 void fwd_bf16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s) {
-  fwd_dispatch<__nv_bfloat16>(p, bq, bk, stab, acc_low, s);
+  fwd_dispatch<__nv_bfloat16, false>(p, bq, bk, stab, acc_low, s);
 }
 }  // namespace st::flash

@@ -3,6 +3,6 @@
 
 namespace st::flash {
 void fwd_f16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s) {
-  fwd_dispatch<__half>(p, bq, bk, stab, acc_low, s);
+  fwd_dispatch<__half, false>(p, bq, bk, stab, acc_low, s);
 }
 }  // namespace st::flash

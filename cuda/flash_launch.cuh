@@ -34,6 +34,12 @@ struct FwdParams {
   bool scores_low = false;  // S rounded to the compute format after scaling
   float scale = 0;
   double beta = 2, tie_tol = 1e-3, cap = 43.67;  // stabilized flash
+  // The O~ amplifiers (AttnNumerics::o_tilde_bits, o_tilde_gain, o_tilde_scope): read by the
+  // kernels of fwd_amp_* only. o_tilde_tied: only the updates of tied key tiles (more than
+  // one score within tie_tol of the tile's maximum) are amplified (scope tied); else all.
+  int o_tilde_bits = 0;
+  double o_tilde_gain = 0;
+  bool o_tilde_tied = false;
 };
 
 struct BwdParams {
@@ -53,6 +59,11 @@ struct BwdParams {
 // paper's BF16 accumulator) instead of FP32.
 void fwd_bf16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s);
 void fwd_f16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s);
+// The same with the O~ amplifier of p (o_tilde_bits or o_tilde_gain set; flash_fwd_amp_*.cu):
+// O~ in FP32 registers, each key tile's P~V formed from zero and merged as the CPU lab's
+// flash_forward does, in FP64 (flash_fwd.cuh, merge_pv_amp).
+void fwd_amp_bf16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s);
+void fwd_amp_f16(const FwdParams& p, int bq, int bk, bool stab, bool acc_low, cudaStream_t s);
 
 // Forward on Hopper (sm_90a: TMA, wgmma, warp-specialised; flash_fwd_sm90.cuh): tiles
 // (128, 128), head sizes 64 and 128, the same parameters and the same numerics as fwd_*.

@@ -40,7 +40,23 @@ AttnNumerics resolve_numerics(const AttentionConfig& cfg, DType fmt) {
          " is not supported by the CUDA flash kernels (fp32 or the compute format, ",
          dtype_name(fmt), ")");
   if (n.round_ops) fail("attention.rule = ", rounding_rule_name(cfg.rule), " is CPU only");
+  check_amplifier(cfg);
   return n;
+}
+
+void check_amplifier(const AttentionConfig& cfg) {
+  if (cfg.o_tilde_scope == OTildeScope::UntiedMatched)
+    fail("attention.o_tilde_scope = untied_matched is CPU only (its tiles are chosen over a "
+         "head's whole call; the CUDA flash kernels amplify all tiles or the tied ones): use "
+         "all or tied, or run it with device: cpu");
+  if (cfg.tie_break != 0)
+    fail("attention.tie_break = ", cfg.tie_break,
+         " is CPU only (the CUDA flash kernels do not break ties); run it with device: cpu");
+  const bool amp = cfg.o_tilde_bits != 0 || cfg.o_tilde_gain != 0;
+  if (amp && cfg.cuda_kernel == FlashKernel::Sm90)
+    fail("attention.o_tilde_", cfg.o_tilde_bits ? "bits" : "gain", " is implemented in the "
+         "mma_sync flash kernels only: set attention.cuda_kernel: mma_sync (the sm90 kernel "
+         "keeps O~ in wgmma's accumulators)");
 }
 
 namespace {
@@ -77,8 +93,19 @@ void run_forward(const AttentionConfig& cfg, const AttnNumerics& n, DType fmt, c
   p.beta = cfg.beta;
   p.tie_tol = cfg.tie_tol;
   p.cap = stabilized_max_shift(cfg, n.probs);
+  p.o_tilde_bits = n.o_tilde_bits;
+  p.o_tilde_gain = n.o_tilde_gain;
+  p.o_tilde_tied = n.o_tilde_scope == OTildeScope::Tied;
   const bool stab = cfg.kind == AttentionKind::StabilizedFlash;
   const bool acc_low = n.accum != DType::F32;
+  if (n.o_tilde_bits || n.o_tilde_gain != 0) {
+    check_amplifier(cfg);
+    if (fmt == DType::BF16)
+      fwd_amp_bf16(p, cfg.block_q, cfg.block_k, stab, acc_low, s);
+    else
+      fwd_amp_f16(p, cfg.block_q, cfg.block_k, stab, acc_low, s);
+    return;
+  }
   if (cfg.cuda_kernel == FlashKernel::Sm90) {
     check_kernel_tiles(cfg);
     if (fmt == DType::BF16)

@@ -40,6 +40,10 @@ struct CallDims {
   int B = 0, T = 0, NH = 0, hs = 0;
 };
 
+// The O~ amplifier settings the CUDA kernels run (o_tilde_bits, o_tilde_gain with scope all
+// or tied, on the mma_sync kernels); anything else throws a one-line error naming the key.
+void check_amplifier(const AttentionConfig& cfg);
+
 // attention.cuda_kernel = sm90 runs tiles (128, 128) only: anything else throws a one-line
 // error naming the keys (the class checks it at construction, run_forward again).
 void check_kernel_tiles(const AttentionConfig& cfg);
