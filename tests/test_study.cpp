@@ -330,6 +330,42 @@ TEST(Study, AFailingRunStopsTheStudyNamingIt) {
   EXPECT_EQ(checkpoint_lines(out / "good").size(), 2u);
 }
 
+// jobs: 3 runs at a time give every run the bits it has when the runs train one after another
+// (the full study's checkpoint hashes), and the same compare table; the resolved study keeps
+// jobs:. A failing run among parallel ones stops the others with a checkpoint (SIGTERM) and
+// the study names the failing run.
+TEST(Study, JobsTrainRunsAtOnceWithTheBitsOfOneAtATime) {
+  const fs::path& seq = full_study();
+  const fs::path out = tmp_root() / "jobs";
+  const Cmd c = study(study_file("jobs.yaml", kBody + "jobs: 3\n").string() + " --out " + out.string());
+  ASSERT_EQ(c.code, 0) << c.out << c.err;
+  EXPECT_NE(c.out.find("; 3 at a time\n"), std::string::npos) << c.out;
+  for (const auto& r : kRuns) {
+    SCOPED_TRACE(r);
+    const auto a = checkpoint_lines(seq / r), b = checkpoint_lines(out / r);
+    EXPECT_EQ(a.size(), 2u);
+    EXPECT_EQ(a, b);
+  }
+  EXPECT_EQ(slurp(seq / "compare.csv"), slurp(out / "compare.csv"));
+  EXPECT_NE(slurp(out / "study.yaml").find("\njobs: 3\n"), std::string::npos);
+  const Cmd bad = study(study_file("jobs_bad.yaml", kBody + "jobs: 0\n").string() + " --dry-run");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("jobs"), std::string::npos) << bad.err;
+
+  const fs::path fout = tmp_root() / "jobs_failing";
+  const fs::path file = study_file("jobs_failing.yaml",
+                                   "set: {train.max_steps: 3000, train.log_every: 1000, hooks.every: 0,"
+                                   " train.eval_every: 0}\ncheckpoints: 1\njobs: 2\nruns:\n  - name: long\n"
+                                   "  - name: bad\n    set: {data.train_path: /nonexistent/text.txt}\n"
+                                   "  - name: never\n");
+  const Cmd f = study(file.string() + " --out " + fout.string());
+  EXPECT_EQ(f.code, 1);
+  EXPECT_NE(f.err.find("study: error: run 2/3 bad failed (train exit status 1)"), std::string::npos) << f.err;
+  EXPECT_FALSE(fs::exists(fout / "never"));
+  const auto ck = checkpoint_lines(fout / "long");  // stopped by the study's SIGTERM, or done
+  ASSERT_EQ(ck.size(), 1u) << slurp(fout / "long" / "train.log");
+}
+
 TEST(Study, InterruptStopsTheRunWithACheckpointAndTheSameCommandResumes) {
   const fs::path out = tmp_root() / "interrupted";
   const fs::path file = study_file("long.yaml",

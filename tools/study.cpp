@@ -1,11 +1,13 @@
 // study: one command for a side-by-side experiment (issue 23, docs/studies.md).
 //
-//   study STUDY.yaml [--out DIR] [--dry-run] [--train-bin P] [--compare-bin P] [--report-bin P]
+//   study STUDY.yaml [--out DIR] [--jobs N] [--dry-run] [--train-bin P] [--compare-bin P]
+//         [--report-bin P]
 //
 // The study file names a base config, overrides for every run (set:), the axes to vary (their
 // cross product, in file order) and explicit extra runs (runs:). Every run is checked by the
-// config loader before the first one starts; then the runs train one after another, each by
-// the `train` binary in OUT/NAME, with the same train.ckpt_every so that their checkpoints
+// config loader before the first one starts; then the runs train one after another (or
+// `jobs` at a time: the file's jobs:, or --jobs), each by the `train` binary in OUT/NAME,
+// with the same train.ckpt_every so that their checkpoints
 // are aligned; then `compare` (the reference against every other run) and `report`.
 //
 // Resumable: each run's directory is looked at first. Finished (metrics.jsonl holds the
@@ -14,7 +16,8 @@
 // over (`--overwrite`). A directory whose config.yaml differs from what the study gives now,
 // or that holds files but no config.yaml, is refused before any run starts.
 //
-// The console of every train process passes through, after a line `study: run I/N NAME`.
+// The console of every train process passes through, after a line `study: run I/N NAME`
+// (interleaved when several run at once; each run's train.log holds its own).
 // A failing run stops the study (exit 1) naming the run and its train.log; a run stopped by
 // Ctrl-C or SIGTERM (the study forwards them to train, which checkpoints and stops) stops
 // the study with train's status (130/143): the same command resumes. Errors: one line on
@@ -26,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -35,6 +39,7 @@
 #include <new>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -47,46 +52,75 @@ namespace fs = std::filesystem;
 
 namespace {
 
-volatile sig_atomic_t g_child = 0;  // the running child's pid, for forwarding
+// The running children's pids, for forwarding (0: a free slot). Written only with the
+// signals blocked (Children below), read by the handler.
+constexpr int kMaxJobs = 64;
+volatile sig_atomic_t g_children[kMaxJobs] = {};
 
 void forward_signal(int sig) {
-  if (g_child > 0) kill(g_child, sig);
+  for (int i = 0; i < kMaxJobs; ++i)
+    if (g_children[i] > 0) kill(g_children[i], sig);
 }
 
-// Runs `argv` as a child process with the console inherited; returns its exit status
-// (128 + signal when a signal ended it). SIGINT and SIGTERM sent to the study go to the
-// child once (it is in its own process group, so a terminal's Ctrl-C reaches it only
-// through us), and the child gets SIGTERM if the study dies.
-int run_child(const std::vector<std::string>& argv) {
+// Starts `argv` as a child process with the console inherited and returns its pid. SIGINT
+// and SIGTERM sent to the study go to every running child once (each is in its own process
+// group, so a terminal's Ctrl-C reaches it only through us), and a child gets SIGTERM if the
+// study dies.
+pid_t start_child(const std::vector<std::string>& argv) {
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<char*> a;
   for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
   a.push_back(nullptr);
   const pid_t parent = getpid();
+  sigset_t block, old;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigprocmask(SIG_BLOCK, &block, &old);  // a signal now waits until the pid is recorded
   const pid_t pid = fork();
-  if (pid < 0) fail("cannot start ", argv[0], ": fork: ", std::strerror(errno));
+  if (pid < 0) {
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    fail("cannot start ", argv[0], ": fork: ", std::strerror(errno));
+  }
   if (pid == 0) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(143);  // the study died before prctl
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &old, nullptr);
     execv(a[0], a.data());
     std::fprintf(stderr, "study: error: cannot run %s: %s\n", a[0], std::strerror(errno));
     _exit(127);
   }
-  g_child = pid;
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
-      g_child = 0;
-      fail("waiting for ", argv[0], ": ", std::strerror(errno));
+  for (int i = 0; i < kMaxJobs; ++i)
+    if (g_children[i] == 0) {
+      g_children[i] = pid;
+      break;
     }
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+  return pid;
+}
+
+// Waits for one child (pid, or any when -1); returns its pid and sets `code` to its exit
+// status (128 + signal when a signal ended it).
+pid_t wait_child(pid_t pid, int& code) {
+  int status = 0;
+  pid_t got;
+  while ((got = waitpid(pid, &status, 0)) < 0) {
+    if (errno != EINTR) fail("waiting for a child process: ", std::strerror(errno));
   }
-  g_child = 0;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  for (int i = 0; i < kMaxJobs; ++i)
+    if (g_children[i] == got) g_children[i] = 0;
+  code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return got;
+}
+
+int run_child(const std::vector<std::string>& argv) {
+  int code = 0;
+  wait_child(start_child(argv), code);
+  return code;
 }
 
 // The folder of this executable (/proc/self/exe), where train, compare and report are built.
@@ -229,6 +263,9 @@ int main(int argc, char** argv) {
   app.add_option("--train-bin", train_bin, "the train binary (default: train beside study)");
   app.add_option("--compare-bin", compare_bin, "the compare binary (default: compare beside study)");
   app.add_option("--report-bin", report_bin, "the report binary (default: report beside study)");
+  int jobs_opt = 0;
+  app.add_option("--jobs", jobs_opt, "runs trained at once (replaces the file's jobs:; default 1)")
+      ->check(CLI::Range(1, kMaxJobs));
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help
@@ -243,6 +280,7 @@ int main(int argc, char** argv) {
   }
   try {
     const Study s = load_study(study_path, out);
+    const int jobs = jobs_opt > 0 ? jobs_opt : s.jobs;
     const std::string train = find_bin(train_bin, "train", "--train-bin");
     const std::string compare = s.compare && s.runs.size() > 1 ? find_bin(compare_bin, "compare", "--compare-bin") : "";
     const std::string report = s.report ? find_bin(report_bin, "report", "--report-bin") : "";
@@ -257,9 +295,9 @@ int main(int argc, char** argv) {
     for (const auto& k : s.axis_keys) axes += (axes.empty() ? "" : " x ") + k;
     std::string made = axes.empty() ? "" : "axes " + axes;
     if (s.n_explicit) made += (made.empty() ? "" : " and ") + std::to_string(s.n_explicit) + " from runs:";
-    std::printf("study: %s: %zu runs (%s) from %s in %s; train.ckpt_every %d on every run; reference %s\n",
+    std::printf("study: %s: %zu runs (%s) from %s in %s; train.ckpt_every %d on every run; reference %s%s\n",
                 s.file.c_str(), n, made.c_str(), s.base.c_str(), s.out_dir.c_str(), s.ckpt_every,
-                s.reference.c_str());
+                s.reference.c_str(), jobs > 1 ? ("; " + std::to_string(jobs) + " at a time").c_str() : "");
 
     auto command = [&](const StudyRun& r, const RunState& st) {
       std::vector<std::string> a{train};
@@ -292,36 +330,67 @@ int main(int argc, char** argv) {
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
 
-    int trained = 0, resumed = 0, skipped = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const StudyRun& r = s.runs[i];
-      const RunState& st = states[i];
-      if (st.kind == RunState::kFinished) {
-        std::printf("study: run %zu/%zu %s: finished (step %lld checkpoint in metrics.jsonl), skipped\n", i + 1, n,
-                    r.name.c_str(), static_cast<long long>(r.max_steps));
-        ++skipped;
-        continue;
+    // The runs, `jobs` at a time in file order (with reference_hooks the reference first and
+    // alone: the others read its checkpoints). A run stopped by a signal, or a failing run,
+    // starts no further run; a failure sends SIGTERM to the others (they checkpoint and stop).
+    int trained = 0, resumed = 0, skipped = 0, stopped_code = 0;
+    std::string failure;
+    std::vector<std::pair<pid_t, size_t>> running;
+    size_t next = 0;
+    while (true) {
+      while (failure.empty() && stopped_code == 0 && next < n && static_cast<int>(running.size()) < jobs &&
+             !(s.reference_hooks && next > 0 && trained + resumed + skipped == 0)) {
+        const size_t i = next++;
+        const StudyRun& r = s.runs[i];
+        const RunState& st = states[i];
+        if (st.kind == RunState::kFinished) {
+          std::printf("study: run %zu/%zu %s: finished (step %lld checkpoint in metrics.jsonl), skipped\n", i + 1,
+                      n, r.name.c_str(), static_cast<long long>(r.max_steps));
+          ++skipped;
+          continue;
+        }
+        std::printf("study: run %zu/%zu %s%s\n", i + 1, n, r.name.c_str(),
+                    st.kind == RunState::kResume    ? (": resuming from " + st.checkpoint).c_str()
+                    : st.kind == RunState::kRestart ? ": started before without a checkpoint; starting over"
+                                                    : "");
+        running.emplace_back(start_child(command(r, st)), i);
       }
-      std::printf("study: run %zu/%zu %s%s\n", i + 1, n, r.name.c_str(),
-                  st.kind == RunState::kResume    ? (": resuming from " + st.checkpoint).c_str()
-                  : st.kind == RunState::kRestart ? ": started before without a checkpoint; starting over"
-                                                  : "");
-      const int code = run_child(command(r, st));
+      if (running.empty()) break;
+      int code = 0;
+      const pid_t pid = wait_child(-1, code);
+      const auto it = std::find_if(running.begin(), running.end(), [&](const auto& p) { return p.first == pid; });
+      if (it == running.end()) continue;
+      const size_t i = it->second;
+      running.erase(it);
+      const StudyRun& r = s.runs[i];
       if (code == 130 || code == 143) {
         std::fprintf(stderr, "study: run %zu/%zu %s stopped by a signal (train exit status %d); run the same"
                      " study command again to resume it\n", i + 1, n, r.name.c_str(), code);
-        return code;
+        if (stopped_code == 0) stopped_code = code;
+        continue;
       }
+      std::string why;
       if (code != 0) {
         const std::string log = r.dir + "/train.log";
-        fail("run ", i + 1, "/", n, " ", r.name, " failed (train exit status ", code, "); ",
-             fs::exists(log) ? "its log: " + log : "train's error is above (it stopped before writing " + log + ")");
+        why = "run " + std::to_string(i + 1) + "/" + std::to_string(n) + " " + r.name + " failed (train exit status " +
+              std::to_string(code) + "); " +
+              (fs::exists(log) ? "its log: " + log : "train's error is above (it stopped before writing " + log + ")");
+      } else if (!has_final_checkpoint_line(fs::path(r.dir) / "metrics.jsonl", r.max_steps)) {
+        why = "run " + std::to_string(i + 1) + "/" + std::to_string(n) + " " + r.name +
+              ": train ended without the step " + std::to_string(r.max_steps) + " checkpoint line in " + r.dir +
+              "/metrics.jsonl; its log: " + r.dir + "/train.log";
       }
-      if (!has_final_checkpoint_line(fs::path(r.dir) / "metrics.jsonl", r.max_steps))
-        fail("run ", i + 1, "/", n, " ", r.name, ": train ended without the step ", r.max_steps,
-             " checkpoint line in ", r.dir, "/metrics.jsonl; its log: ", r.dir, "/train.log");
-      (st.kind == RunState::kResume ? resumed : trained)++;
+      if (why.empty()) {
+        (states[i].kind == RunState::kResume ? resumed : trained)++;
+        continue;
+      }
+      if (failure.empty()) {
+        failure = why;
+        for (const auto& [other, j] : running) kill(other, SIGTERM);  // they checkpoint and stop
+      }
     }
+    if (!failure.empty()) fail(failure);
+    if (stopped_code) return stopped_code;
 
     std::vector<std::string> dirs;
     for (const StudyRun& r : s.runs) dirs.push_back(r.dir);

@@ -31,7 +31,7 @@ const char* const kOwnedKeys[] = {"run.out_dir", "run.name", "train.ckpt_every",
                                   "train.keep_checkpoints"};
 
 const char* const kTopKeys[] = {"base", "out_dir", "set", "axes", "runs", "reference",
-                                "reference_hooks", "checkpoints", "compare", "report"};
+                                "reference_hooks", "checkpoints", "jobs", "compare", "report"};
 
 std::string read_text(const std::string& path, const char* what) {
   std::error_code ec;
@@ -243,6 +243,8 @@ Study load_study(const std::string& path, const std::string& out_override) {
       s.reference_hooks = rd.boolean(v, k);
     } else if (k == "checkpoints") {
       s.checkpoints = static_cast<int>(rd.integer(v, k, 1, 100000));
+    } else if (k == "jobs") {
+      s.jobs = static_cast<int>(rd.integer(v, k, 1, 64));
     } else if (k == "compare") {
       if (v.IsNull()) return;
       rd.expect_map(v, k);
@@ -443,6 +445,7 @@ std::string resolved_study_yaml(const Study& s) {
   os << "checkpoints: " << s.checkpoints << "  # train.ckpt_every " << s.ckpt_every << "\n";
   os << "reference: " << q(s.reference) << "\n";
   os << "reference_hooks: " << (s.reference_hooks ? "true" : "false") << "\n";
+  if (s.jobs > 1) os << "jobs: " << s.jobs << "\n";
   os << "compare:\n  enabled: " << (s.compare ? "true" : "false") << "\n";
   if (s.diverge_tol > 0) {
     char b[64];

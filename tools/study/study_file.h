@@ -33,6 +33,8 @@ struct Study {
   int n_explicit = 0;                  // runs from runs:
   int checkpoints = 8;
   int ckpt_every = 0;  // train.ckpt_every of every run
+  int jobs = 1;        // runs trained at once (jobs:, or study --jobs); the reference first
+                       // and alone when reference_hooks
   std::string reference;       // run name
   bool reference_hooks = false;  // hooks.reference_run = OUT/REFERENCE on the other runs
   std::vector<StudyRun> runs;  // in the order they run: the reference first
