@@ -633,6 +633,11 @@ def report(a, kernels, kinds, rounds_done, rounds_total, wall, torch_desc, check
              "mean over its 64 outputs of (O - O_ref); mean over rows; **SE over sequences** (a "
              "sequence's rows share V; the lab takes its SE over head calls for the same reason); "
              "the SE over rows is the CSV's se_rows.")
+    ratios = [stats(k.errs[ki])["se"] / stats(k.errs[ki])["se_rows"] for k in kernels
+              if k.unavailable is None for ki in k.errs if stats(k.errs[ki])["se_rows"] > 0]
+    if ratios:
+        L.append(f"- SE over sequences / SE over rows = {min(ratios):.2f} to {max(ratios):.2f} in "
+                 f"this run{': the rows behave as independent' if 0.8 < min(ratios) and max(ratios) < 1.25 else ''}.")
     L.append("- Ratio to untied = mean(tied) / mean(untied) (delta-method SE). Excess = O - "
              "bf16(O_ref), the error beyond rounding the exact O once, paired per row: 0 for a "
              "kernel whose stored O is correctly rounded. Qiu & Yao's bias is a tied-row excess "
@@ -648,8 +653,9 @@ def report(a, kernels, kinds, rounds_done, rounds_total, wall, torch_desc, check
     L.append("## Which kernels carry the bias\n")
     L.append("Per row kind: mean signed error against FP64 (z = mean / SE) / excess over the "
              "correctly rounded O (z). Verdict from the tied rows: yes = for some tie count both "
-             "are >= 5 SE along sign(V) (the correctly rounded O's own error on tied rows points "
-             "toward zero, so an error along sign(V) is the kernel's).\n")
+             "are >= 5 SE along sign(V). Both, because the exact O rounded once (first row) has "
+             "an error of its own on tied rows, which no BF16 output can avoid; the excess alone "
+             "would call a kernel that is unbiased against FP64 biased whenever that floor is.\n")
     L.append("| kernel | accumulator | " + " | ".join(f"{t} ties" for _, t in tied_kinds) +
              " | untied | verdict |")
     L.append("|---|---|" + "---|" * (len(tied_kinds) + 2))
