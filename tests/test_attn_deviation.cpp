@@ -17,6 +17,7 @@
 #include "attention/deviation.h"
 #include "attention/experiments.h"
 #include "attention/head_cpu.h"
+#include "backends/backends.h"
 #include "core/rng.h"
 
 using namespace st;
@@ -408,4 +409,98 @@ TEST(AttnDeviationTool, SweepPlanGivesPairedRatios) {
   const std::string ratios = slurp(dir + "attn_sweep_ratios.csv");
   EXPECT_EQ(lines(ratios), 1 + 3) << ratios;
   EXPECT_NE(slurp(csv + ".out").find("| gpu | 64 | 3 |"), std::string::npos) << slurp(csv + ".out");
+}
+
+// attn_deviation apply runs the trainer's forward (make_backend -> make_attention -> forward)
+// on a file: its O is bit for bit the CPU backend's O in-process, for every CPU backend and
+// accumulator, and the FP64 baseline's O equals the in-process FP64 one. Inputs: random BF16
+// values, keys 3 and 7 identical (a tied pair in every row), non-causal.
+TEST(AttnDeviationTool, ApplyIsTheTrainersForwardOnAFile) {
+  const int B = 2, T = 40, NH = 2, hs = 16, C = NH * hs;
+  Rng rng(17);
+  std::vector<uint16_t> bits(static_cast<size_t>(B) * T * 3 * C);
+  Tensor qkv32 = Tensor::empty({B, T, 3 * C}, DType::F32);
+  Tensor qkv64 = Tensor::empty({B, T, 3 * C}, DType::F64);
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const int col = static_cast<int>(i % (3 * C));
+    const size_t row = i / (3 * C);
+    // key 7 repeats key 3 (same b): a tie in every query row
+    const size_t src = (row % T == 7 && col >= C && col < 2 * C) ? i - 4 * 3 * C : i;
+    bits[i] = src == i ? float_to_bf16_bits(static_cast<float>(2.0 * rng.normal())) : bits[src];
+    qkv32.data<float>()[i] = bf16_bits_to_float(bits[i]);
+    qkv64.data<double>()[i] = bf16_bits_to_float(bits[i]);
+  }
+  const std::string dir = ::testing::TempDir();
+  const std::string in = dir + "apply_qkv.bin", out = dir + "apply_o.bin", log = dir + "apply.out";
+  {
+    std::ofstream f(in, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(bits.size() * 2));
+  }
+  const std::string bin = std::string(ST_ATTN_DEVIATION_BIN) + " apply --qkv " + in + " --out " + out;
+  const std::string base = bin + " --B 2 --T 40 --NH 2 --hs 16";
+  auto be = make_cpu_backend();
+  struct Case {
+    AttentionKind kind;
+    bool bf16_accum;
+    std::string flags;
+  };
+  const Case cases[] = {{AttentionKind::Baseline, false, "--backend baseline"},
+                        {AttentionKind::Flash, false, "--backend flash --block-k 16"},
+                        {AttentionKind::Flash, true, "--backend flash --block-k 16 --accum bf16"},
+                        {AttentionKind::StabilizedFlash, true,
+                         "--backend stabilized_flash --beta 2 --block-k 16 --accum bf16 --chunk 1"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    ASSERT_EQ(std::system((base + " " + c.flags + " > " + log + " 2>&1").c_str()), 0) << slurp(log);
+    std::vector<uint16_t> got(static_cast<size_t>(B) * T * C);
+    std::ifstream f(out, std::ios::binary);
+    f.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(got.size() * 2));
+    ASSERT_EQ(f.gcount(), static_cast<std::streamsize>(got.size() * 2));
+    AttentionConfig cfg;
+    cfg.kind = c.kind;
+    cfg.causal = false;
+    cfg.block_k = 16;
+    if (c.bf16_accum) cfg.accum = DType::BF16;
+    auto attn = be->make_attention(cfg);
+    Tensor o = Tensor::empty({B, T, C}, DType::F32), lse = Tensor::empty({B, NH, T}, DType::F32);
+    attn->forward(o, lse, qkv32, NH, DType::BF16);
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += bf16_bits_to_float(got[i]) != o.data<float>()[i];
+    EXPECT_EQ(differ, 0);
+  }
+  // FP64: raw doubles, the lab's golden.
+  ASSERT_EQ(std::system((base + " --backend baseline --compute fp64 > " + log + " 2>&1").c_str()), 0)
+      << slurp(log);
+  std::vector<double> got(static_cast<size_t>(B) * T * C);
+  std::ifstream f(out, std::ios::binary);
+  f.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(got.size() * 8));
+  ASSERT_EQ(f.gcount(), static_cast<std::streamsize>(got.size() * 8));
+  AttentionConfig cfg;
+  cfg.causal = false;
+  Tensor o = Tensor::empty({B, T, C}, DType::F64), lse = Tensor::empty({B, NH, T}, DType::F64);
+  be->make_attention(cfg)->forward(o, lse, qkv64, NH, DType::F64);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], o.data<double>()[i]) << i;
+
+  // Refusals: one line each, non-zero exit.
+  const std::pair<std::string, std::string> bad[] = {
+      {" --backend flash --bogus 1", "--bogus"},
+      {" --backend flash --beta 3", "--beta applies to --backend stabilized_flash only"},
+      {" --backend nope", "unknown attention backend 'nope'"},
+      {"", "15360 bytes, expected 15744"},  // --T 41 (below)
+      {" --backend cudnn", "cudnn"}};
+  for (const auto& [flags, want] : bad) {
+    SCOPED_TRACE(flags);
+    const std::string cmd = flags.empty() ? bin + " --B 2 --T 41 --NH 2 --hs 16 --backend flash"
+                                          : base + flags;
+    EXPECT_NE(std::system((cmd + " > " + log + " 2>&1").c_str()), 0);
+    const std::string text = slurp(log);
+    EXPECT_NE(text.find(want), std::string::npos) << text;
+    EXPECT_EQ(lines(text), 1) << text;
+  }
+  if (!cuda_available()) {
+    EXPECT_NE(std::system((base + " --backend flash --device cuda > " + log + " 2>&1").c_str()), 0);
+    const std::string text = slurp(log);
+    EXPECT_NE(text.find("--device cuda"), std::string::npos) << text;
+    EXPECT_EQ(lines(text), 1) << text;
+  }
 }

@@ -2,9 +2,11 @@
 //   attn_deviation run   [--KEY VALUE ...] [--csv F] [--plan]   one configuration, any axis
 //   attn_deviation sweep --plan-file P.yaml [--group G] [--csv F] [--plan]
 //   attn_deviation bias  [flags] [--csv F] [--plan]             Qiu & Yao tied-maximum bias
+//   attn_deviation apply --qkv IN.bin --B --T --NH --hs --backend K --out OUT.bin [flags]
+//                        a production backend's forward on given inputs (apply.cpp)
 // docs/numerics.md describes the lab, its rounding conventions and the committed results.
 // Files: run.cpp (run), sweep.cpp (plans and ratio tables), bias.cpp (bias report),
-// common.cpp (CSV, JSON sidecar, summaries).
+// apply.cpp (apply), common.cpp (CSV, JSON sidecar, summaries).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -14,6 +16,7 @@
 
 #include "attention/experiments.h"
 #include "core/error.h"
+#include "tools/attn_deviation/apply.h"
 #include "tools/attn_deviation/bias.h"
 #include "tools/attn_deviation/common.h"
 
@@ -127,8 +130,50 @@ int main(int argc, char** argv) {
   bias->add_option("--csv", bias_csv, "write the series here (and FILE.json beside it)");
   bias->add_flag("--plan", bias_plan, "print the estimated time, run nothing");
 
-  CLI11_PARSE(app, argc, argv);
+  // ---- apply
+  auto* apply = app.add_subcommand(
+      "apply", "a production backend's forward (the trainer's path) on a raw bf16 qkv file");
+  ApplyArgs aa;
+  apply->add_option("--qkv", aa.qkv, "input: raw bf16, shape (B, T, 3 NH hs), GPT-2's packed qkv")
+      ->required();
+  apply->add_option("--B", aa.B, "batch")->required();
+  apply->add_option("--T", aa.T, "sequence length")->required();
+  apply->add_option("--NH", aa.NH, "heads")->required();
+  apply->add_option("--hs", aa.hs, "head size")->required();
+  apply->add_option("--backend", aa.backend, "baseline | flash | stabilized_flash | cudnn")
+      ->required();
+  apply->add_option("--device", aa.device, "cpu | cuda");
+  apply->add_option("--compute", aa.compute,
+                    "compute format: bf16 (default) | fp32 | fp64 (CPU; fp64 baseline = the "
+                    "lab's golden); O is written in it");
+  apply->add_option("--accum", aa.accum, "override attention.accum: auto | fp32 | bf16");
+  apply->add_option("--beta", aa.beta, "stabilized_flash's beta")
+      ->each([&](const std::string&) { aa.beta_given = true; });
+  apply->add_option("--block-q,--block_q", aa.block_q, "flash query tile (default 64)")
+      ->each([&](const std::string&) { aa.block_q_given = true; });
+  apply->add_option("--block-k,--block_k", aa.block_k, "flash key tile (default 64)")
+      ->each([&](const std::string&) { aa.block_k_given = true; });
+  apply->add_option("--cuda-kernel,--cuda_kernel", aa.cuda_kernel, "mma_sync | sm90 (GPU flash)");
+  apply->add_flag("--causal", aa.causal, "causal mask (default: non-causal)");
+  apply->add_option("--chunk", aa.chunk, "batch rows per forward call (0: all)");
+  apply->add_option("--threads", aa.threads, "CPU backend threads (0: default)");
+  apply->add_option("--out", aa.out, "output O (B, T, NH hs), raw in the compute format")
+      ->required();
+  apply->add_option("--lse", aa.lse, "output lse (B, NH, T), raw float32 (float64 for fp64)");
+
+  // Command-line errors are one line (CLI11's own message and a pointer to --help).
   try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "attn_deviation: %s (--help lists the flags)\n", msg.c_str());
+    return e.get_exit_code();
+  }
+  try {
+    if (*apply) return apply_cmd(aa);
     if (*run) {
       std::vector<std::pair<std::string, std::string>> settings;
       for (const auto& k : deviation_spec_keys()) {
