@@ -221,10 +221,12 @@ TEST(ReproSummary, NoRunsIsAOneLineError) {
 }
 
 // Every study file of the reproduction passes study's checks (a dry run from the repository
-// root): the headline, its smoke version, the 124M GPU protocol and the search rounds.
+// root): the headline, its smoke version, the 124M GPU protocol, the one-call 124M study and
+// the search rounds.
 TEST(ReproStudy, ShippedStudyFilesPassTheirChecks) {
   std::vector<std::string> files = {"configs/studies/repro_tiny.yaml", "configs/studies/repro_tiny_smoke.yaml",
-                                    "configs/studies/repro_gpt2_small.yaml"};
+                                    "configs/studies/repro_gpt2_small.yaml",
+                                    "configs/studies/gpt2_small_one_call.yaml"};
   for (const auto& e : fs::directory_iterator(ST_SOURCE_DIR "/configs/studies/repro_search"))
     files.push_back("configs/studies/repro_search/" + e.path().filename().string());
   ASSERT_GE(files.size(), 5u);

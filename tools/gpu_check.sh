@@ -16,6 +16,9 @@
 #               model's predictions beside them (tools/cost_model_vs_measured.py), PyTorch GEMMs
 #        train  configs/gpt2_small.yaml on Tiny Shakespeare (carried data_cache/tiny_shakespeare)
 #               with each attention backend, losses side by side
+#        bias   which production kernels carry Qiu & Yao's tie bias (tools/bias_kernels.py)
+#        study  the one-call 124M study of the amplified failure on the carried corpus
+#               (configs/studies/gpt2_small_one_call.yaml); both in tools/gpu_check_study.sh
 # A device call runs 10 minutes at most and a session's GPU time is about 15 minutes, starts
 # included, so the defaults fit all three stages into one call: every step runs under a
 # deadline (its stage's cap, and GPU_CHECK_BUDGET_S from the start less a reserve), the
@@ -36,12 +39,15 @@
 #   GPU_CHECK_BENCH_FILTER   extended regex: only the benchmark steps whose label matches
 #                            (labels as in bench.txt's "## " lines; default all)
 #   GPU_CHECK_TRAIN_STEPS    steps per attention backend (default 100)
+#   GPU_CHECK_BIAS_S, GPU_CHECK_STUDY_S, GPU_CHECK_STUDY_SEED, GPU_CHECK_CORPUS
+#                            the bias and study stages (tools/gpu_check_study.sh)
 #   GPU_CHECK_DEPS_PREFIX    where carried packages are unpacked (default /tmp/stabletrain_deps)
 # Files in $OUT (each call writes its stages' files; a device call brings back 8 at most):
 #   gpu_check.log  everything, in order      probe.txt      the machine
 #   build.log      configure + build (when building)
 #   tests_gpu.txt  test output               bench.txt      every benchmark's output
 #   train.txt      training runs' summary    gpu_results.md summary for bench/results/
+#   bias_kernels.md, bias_kernels.csv         study_seed-N.tar.xz (the bias and study stages)
 # Exit status: 0 all ran and passed; 1 the programs could not be had (build, bundle, missing
 # library) or a gpu test failed; 2 the tests passed or were not run, but a benchmark or a
 # training run failed or ran out of time.
@@ -109,6 +115,8 @@ logged() {
 }
 # shellcheck source=tools/gpu_lib.sh
 source tools/gpu_lib.sh
+# shellcheck source=tools/gpu_check_study.sh
+source tools/gpu_check_study.sh
 
 # ---- 1. the machine and the code --------------------------------------------------------
 DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -547,6 +555,14 @@ elif has_stage train; then
   TRAIN="not run (no programs)"
 fi
 
+# ---- 5b. issue 44's stages: the kernels' tie bias, the one-call 124M study ---------------------
+if has_stage bias; then
+  if ((PROGRAMS_OK)); then run_bias_stage; else BIAS="not run (no programs)"; BIAS_OK=0; fi
+fi
+if has_stage study; then
+  if ((PROGRAMS_OK)); then run_study_stage; else STUDY="not run (no programs)"; STUDY_OK=0; fi
+fi
+
 # ---- 6. results file ------------------------------------------------------------------------
 {
   echo "# GPU check: $GPU, $DATE"
@@ -594,6 +610,16 @@ fi
     echo
     cat "$OUT/train.txt" 2>/dev/null || true
   fi
+  if has_stage bias; then
+    echo
+    echo "## Tie bias of the production kernels: $BIAS"
+    echo
+    cat "$OUT/bias_kernels.md" 2>/dev/null || true
+  fi
+  if has_stage study; then
+    echo
+    echo "## The one-call 124M study: $STUDY"
+  fi
 } >"$OUT/gpu_results.md"
 cat "$OUT/gpu_results.md" >>"$LOG"
 
@@ -601,7 +627,7 @@ cat "$OUT/gpu_results.md" >>"$LOG"
 STATUS=0
 if ((!PROGRAMS_OK || !TESTS_OK)); then
   STATUS=1
-elif ((!BENCH_OK || !TRAIN_OK)); then
+elif ((!BENCH_OK || !TRAIN_OK || !BIAS_OK || !STUDY_OK)); then
   STATUS=2
 fi
 {
@@ -621,6 +647,8 @@ fi
   printf '| %-10s | %s\n' "benchmarks" "$BENCH"
   printf '| %-10s | %s\n' "torch" "$TORCH"
   printf '| %-10s | %s\n' "training" "$TRAIN"
+  has_stage bias && printf '| %-10s | %s\n' "bias" "$BIAS"
+  has_stage study && printf '| %-10s | %s\n' "study" "$STUDY"
   printf '| %-10s | %s\n' "time" "$(($(date +%s) - T0)) s of ${BUDGET} s"
   printf '| %-10s | %s\n' "results" "$OUT/gpu_results.md (copy to bench/results/$(date -u +%Y-%m-%d)_gpu_check_<stages>.md)"
   printf '| %-10s | %s\n' "status" "$STATUS"
