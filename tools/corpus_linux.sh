@@ -36,6 +36,9 @@
 #     "\n\n\n" ends every file and occurs nowhere else, so --doc-separator '\n\n\n' makes each
 #     file a document (one <|endoftext|> before each).
 # Errors: one line on stderr, exit 1.
+# One { } block: bash reads it whole before running it, so editing this file while it runs
+# (five minutes) cannot change what runs.
+{
 set -euo pipefail
 
 RULES="corpus_linux v1"
@@ -54,7 +57,7 @@ while (($#)); do
     --out) OUT="${2:?--out needs a folder}"; shift 2 ;;
     --max-mib) MAX_MIB="${2:?--max-mib needs a number}"; shift 2 ;;
     --force) FORCE=1; shift ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^# Errors:/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -174,3 +177,5 @@ rm -f "$INFO"  # a half-written pair never passes the up-to-date check
 mv "$tmp/linux.txt.xz" "$XZ"
 mv "$tmp/info" "$INFO"
 report "$RAW_BYTES" "$XZ_BYTES" "$SHA"
+exit 0
+}
