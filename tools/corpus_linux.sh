@@ -4,19 +4,24 @@
 # (GPL-2.0), cleaned into one UTF-8 text file and compressed to data_cache/corpus/linux.txt.xz
 # (about 21 MiB, 55M GPT-2 tokens: bench/results/2026-11-29_corpus_linux.md says why this one).
 # Runs on the development machine; the .xz is carried to the GPU machine (README, "Training
-# on a GPU"), where `xz -dk` and prepare_data --doc-separator '\n\n\n' turn it into shards.
+# on a GPU"), where `xz -dk` and prepare_data --doc-separator '\n\n\n' turn it into shards
+# with the GPT-2 tokenizer copied beside it (that machine has no ../shared).
 #
-#   bash tools/corpus_linux.sh [--deb FILE] [--package NAME] [--out DIR] [--max-mib N] [--force]
+#   bash tools/corpus_linux.sh [--deb FILE] [--package NAME] [--out DIR] [--max-mib N]
+#                              [--tokenizer-dir DIR] [--force]
 #
 #   --deb FILE     use this .deb instead of `apt-get download` (env CORPUS_DEB; offline use)
 #   --package NAME the Debian package (env CORPUS_PACKAGE, default linux-source-6.1); it holds
 #                  /usr/src/NAME.tar.xz with the tree under NAME/
 #   --out DIR      output folder (default data_cache/corpus in the repository)
 #   --max-mib N    refuse a compressed corpus over N MiB (env CORPUS_MAX_MIB, default 25)
+#   --tokenizer-dir DIR  encoder.json and vocab.bpe to copy to DIR/gpt2-tokenizer (env
+#                  CORPUS_TOKENIZER_DIR, default ../shared/data/gpt2-tokenizer)
 #   --force        redo even when the output exists and matches its manifest
 #
-# Writes DIR/linux.txt.xz (xz -9e -T1: the same bytes for the same input and xz version) and
-# DIR/linux.txt.xz.info (package, version, rules, sizes, SHA-256 of the raw text). When both
+# Writes DIR/linux.txt.xz (xz -9e -T1: the same bytes for the same input and xz version),
+# DIR/linux.txt.xz.info (package, version, rules, sizes, SHA-256 of the raw text) and
+# DIR/gpt2-tokenizer/ (1.5 MB; copied on every run, it is cheap). When the first two
 # exist, the rules are this script's, and the decompressed text has the recorded SHA-256, it
 # only prints the numbers (a newer package version is picked up only with --force).
 #
@@ -49,6 +54,7 @@ DEB="${CORPUS_DEB:-}"
 PKG="${CORPUS_PACKAGE:-linux-source-6.1}"
 OUT="$ROOT/data_cache/corpus"
 MAX_MIB="${CORPUS_MAX_MIB:-25}"
+TOK_DIR="${CORPUS_TOKENIZER_DIR:-$ROOT/../shared/data/gpt2-tokenizer}"
 FORCE=0
 while (($#)); do
   case "$1" in
@@ -56,6 +62,7 @@ while (($#)); do
     --package) PKG="${2:?--package needs a name}"; shift 2 ;;
     --out) OUT="${2:?--out needs a folder}"; shift 2 ;;
     --max-mib) MAX_MIB="${2:?--max-mib needs a number}"; shift 2 ;;
+    --tokenizer-dir) TOK_DIR="${2:?--tokenizer-dir needs a folder}"; shift 2 ;;
     --force) FORCE=1; shift ;;
     -h|--help) sed -n '2,/^# Errors:/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -66,6 +73,15 @@ MAX_BYTES="$(awk -v m="$MAX_MIB" 'BEGIN { if (m !~ /^[0-9]+(\.[0-9]*)?$/) exit 1
   die "--max-mib: '$MAX_MIB' is not a number of MiB"
 for tool in dpkg-deb tar xz python3 sha256sum; do
   command -v "$tool" >/dev/null || die "$tool not found (apt-get install dpkg tar xz-utils python3 coreutils)"
+done
+
+# The GPT-2 tokenizer travels with the corpus: the GPU machine's prepare_data needs it.
+[[ -f "$TOK_DIR/encoder.json" && -f "$TOK_DIR/vocab.bpe" ]] ||
+  die "--tokenizer-dir $TOK_DIR: no encoder.json and vocab.bpe there (GPT-2's, as in ../shared/data/gpt2-tokenizer)"
+mkdir -p "$OUT/gpt2-tokenizer"
+for f in encoder.json vocab.bpe LICENSE; do
+  [[ ! -f "$TOK_DIR/$f" ]] || cmp -s "$TOK_DIR/$f" "$OUT/gpt2-tokenizer/$f" ||
+    install -m 644 "$TOK_DIR/$f" "$OUT/gpt2-tokenizer/$f"
 done
 
 XZ="$OUT/linux.txt.xz"

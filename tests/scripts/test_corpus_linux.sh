@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ctest corpus_linux_script (label cpu, offline, about 2 s): tools/corpus_linux.sh against a
 # fake linux-source .deb built here (dpkg-deb --build of a tiny tree), checking its cleaning
-# rules on the decompressed output, its up-to-date check and --force, the size cap, and its
-# one-line errors for a missing, garbage or wrong .deb and a failing apt-get.
+# rules on the decompressed output, its up-to-date check and --force, the size cap, the
+# tokenizer copied beside the corpus, and its one-line errors for a missing, garbage or
+# wrong .deb, a failing apt-get and a missing tokenizer.
 # Usage: test_corpus_linux.sh REPO_ROOT
 set -uo pipefail
 ROOT="$1"
@@ -52,6 +53,11 @@ while read -r _ rel; do
 done < <(for rel in "${!want[@]}"; do
            echo "$(printf '%s' "$rel" | sha256sum | cut -d' ' -f1) $rel"; done | sort)
 
+export CORPUS_TOKENIZER_DIR="$tmp/tok"  # a stand-in: only copied
+mkdir -p "$CORPUS_TOKENIZER_DIR"
+echo '{"!": 0}' >"$CORPUS_TOKENIZER_DIR/encoder.json"
+echo '#version: 0.2' >"$CORPUS_TOKENIZER_DIR/vocab.bpe"
+
 mkdir -p "$tmp/pkg/DEBIAN" "$tmp/pkg/usr/src" "$tmp/pkg2/DEBIAN"
 tar -C "$tmp/src" --owner=0 --group=0 -cJf "$tmp/pkg/usr/src/linux-source-6.1.tar.xz" linux-source-6.1
 control='Version: 6.1.0-test\nArchitecture: all\nMaintainer: test <t@example.org>\nDescription: fake\n'
@@ -70,6 +76,8 @@ check "the decompressed text is the cleaning rules' output" cmp "$tmp/expected.t
 check "the counts are printed" grep -q 'files: 4 (documentation 2, code 2); dropped 2 not UTF-8 or with NUL, 1 duplicates' "$tmp/log1"
 check "the raw SHA-256 is printed and recorded" \
   grep -q "raw sha256 $(sha256sum <"$tmp/expected.txt" | cut -d' ' -f1)" "$tmp/log1"
+check "the tokenizer is copied beside the corpus" \
+  diff -r "$CORPUS_TOKENIZER_DIR" "$out/gpt2-tokenizer"
 check "the manifest names the package version" grep -qx 'version: 6.1.0-test' "$out/linux.txt.xz.info"
 cp "$tmp/got.txt" "$tmp/raw.txt"
 check "xz -9e -T1 as documented (same bytes again)" cmp <(xz -9e -T1 -c "$tmp/raw.txt") "$out/linux.txt.xz"
@@ -110,6 +118,11 @@ for case in missing garbage other tarless; do
   check "$case .deb: one-line error naming the fix" one_line_error "$rc" "$tmp/err" "$want_msg"
   check "$case .deb: nothing written" test ! -e "$tmp/$case/linux.txt.xz"
 done
+
+CORPUS_TOKENIZER_DIR="$tmp/none" bash "$SCRIPT" --deb "$tmp/fake.deb" --out "$tmp/notok" >/dev/null 2>"$tmp/err"
+rc=$?
+cat "$tmp/err"
+check "no tokenizer: one-line error" one_line_error "$rc" "$tmp/err" "--tokenizer-dir $tmp/none: no encoder.json and vocab.bpe there"
 
 # No network here: a fake apt-get that fails as it does without a package list.
 mkdir -p "$tmp/bin"
