@@ -47,7 +47,7 @@
 #   build.log      configure + build (when building)
 #   tests_gpu.txt  test output               bench.txt      every benchmark's output
 #   train.txt      training runs' summary    gpu_results.md summary for bench/results/
-#   bias_kernels.md, bias_kernels.csv         study_seed-N.tar.xz (the bias and study stages)
+#   bias_kernels.md, bias_kernels.csv         study_seed-N.tar.gz (the bias and study stages)
 # Exit status: 0 all ran and passed; 1 the programs could not be had (build, bundle, missing
 # library) or a gpu test failed; 2 the tests passed or were not run, but a benchmark or a
 # training run failed or ran out of time.

@@ -8,9 +8,9 @@
 #          baseline / flash / stabilized flash trained at once) on the carried corpus
 #          (data_cache/corpus: tools/corpus_linux.sh), seed GPU_CHECK_STUDY_SEED (default 1),
 #          stopped by SIGTERM at the stage's deadline (every run checkpoints and stops) ->
-#          $OUT/study_seed-N.tar.xz: each run's metrics.jsonl, events.jsonl, train.log,
+#          $OUT/study_seed-N.tar.gz: each run's metrics.jsonl, events.jsonl, train.log,
 #          config.yaml and hook CSVs (not the checkpoints), and the resolved study.yaml.
-#          Here: tar -xJf it under runs/ and `build/bin/report runs/gpt2_small_one_call_seed-N/*
+#          Here: tar -xzf it under runs/ and `build/bin/report runs/gpt2_small_one_call_seed-N/*
 #          --no-checkpoints -o report.html` (docs/reproduction.md, "At 124M on one GPU").
 # Caps: GPU_CHECK_BIAS_S (default 240 s), GPU_CHECK_STUDY_S (default 480 s), within the call's
 # budget like every stage.
@@ -54,7 +54,9 @@ run_study_stage() {
       return
     fi
     say "study: unpacking and tokenizing $xz"
-    logged - within 120 bash -c "xz -dc -T0 '$xz' >'$WORK/linux.txt'" || rc=$?
+    # xz may be missing from the GPU image: Python's lzma then (the same bytes).
+    logged - within 120 bash -c "xz -dc -T0 '$xz' >'$WORK/linux.txt' || python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], \"wb\"))' '$xz' '$WORK/linux.txt'" || rc=$?
     ((rc == 0)) && { logged - within 240 "$BIN/prepare_data" --input "$WORK/linux.txt" --output "$data" \
       --name linux --tokenizer-dir "$tok" --val-fraction 0.005 --doc-separator '\n\n\n' \
       --overwrite || rc=$?; }
@@ -82,15 +84,15 @@ run_study_stage() {
     --train-bin "$BIN/train" || rc=$?
   # 124: the deadline came (study and each train stopped with a checkpoint: resumable).
   (cd runs && find "$name" -maxdepth 2 -type f \( -name '*.jsonl' -o -name '*.csv' -o -name 'train.log' \
-    -o -name '*.yaml' \) -print0 | tar --null -T - -cJf "$OUT/study_seed-$seed.tar.xz") || true
+    -o -name '*.yaml' \) -print0 | tar --null -T - -czf "$OUT/study_seed-$seed.tar.gz") || true
   local steps="" r last
   for r in baseline flash stabilized_flash; do
     last="$(grep -o '"step":[0-9]*' "runs/$name/$r/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2 || true)"
     steps+="$r ${last:-none}; "
   done
-  if [[ -f "$OUT/study_seed-$seed.tar.xz" ]] && ((rc == 0 || rc == 124 || rc == 143)); then
+  if [[ -f "$OUT/study_seed-$seed.tar.gz" ]] && ((rc == 0 || rc == 124 || rc == 143)); then
     STUDY_OK=1
-    STUDY="ok: seed $seed, last logged step: ${steps}(study exit status $rc$(out_of_time_note "$rc")); $OUT/study_seed-$seed.tar.xz"
+    STUDY="ok: seed $seed, last logged step: ${steps}(study exit status $rc$(out_of_time_note "$rc")); $OUT/study_seed-$seed.tar.gz"
   else
     STUDY="FAILED (study exit status $rc; last logged step: ${steps}gpu_check.log)"
   fi

@@ -85,7 +85,7 @@ done
 # jobs: 3 -- the three started within 2 s of each other (one at a time: 7 s apart at least).
 spread=$(( (${starts[2]} - ${starts[0]}) / 1000000 ))
 ((spread < 2000)) || fail "the runs did not start together (${spread} ms apart)"
-tar -tJf "$OUT/study_seed-7.tar.xz" >"$W/list.txt"
+tar -tzf "$OUT/study_seed-7.tar.gz" >"$W/list.txt"
 for f in study.yaml baseline/metrics.jsonl flash/train.log stabilized_flash/spectral.csv; do
   grep -qx "gpt2_small_one_call_seed-7/$f" "$W/list.txt" || fail "the archive lacks $f: $(cat "$W/list.txt")"
 done
