@@ -35,6 +35,7 @@
 #include "core/rng.h"
 #include "cuda/attention_cuda.h"
 #include "cuda/flash_attention.h"
+#include "flash_amp_cases.h"
 
 namespace st {
 namespace {
@@ -468,6 +469,40 @@ MeanSe mean_se(const std::vector<double>& x) {
   return m;
 }
 
+// The O~ amplifier kernels (cuda/flash_fwd_amp_*.cu; attention.o_tilde_bits, o_tilde_gain,
+// o_tilde_scope all | tied) against the CPU lab, the cases of tests/flash_amp_cases.h (the
+// emulator runs the same: tests/simt/test_simt_flash_amp.cpp): O, the FP32 O (delta o_fp32's
+// saved tensor) and lse bit for bit on the exact inputs (accum = the compute format; why they
+// are exact on a GPU too, ex2.approx included, is in the header), within 4 / 4.5 ulps and
+// 5e-5 (1 + max|lse|) on the random ones (accum fp32).
+TEST_F(GpuFlash, AmplifierMatchesTheLab) {
+  amp_test::check_exp_margins();
+  for (const amp_test::Case& c : amp_test::kCases) {
+    SCOPED_TRACE(c.name);
+    const amp_test::Dims d{c.B, c.T, c.NH, c.hs};
+    const std::vector<float> qkv = c.exact ? amp_test::exact_inputs(d, c.fmt, c.bk, c.seed)
+                                           : amp_test::random_inputs(d, c.fmt, c.seed);
+    const AttentionConfig cfg = amp_test::config_of(c);
+    const amp_test::Lab lab = amp_test::run_lab(cfg, d, c.fmt, qkv);
+    amp_test::check_premises("gpu flash amp", c, qkv, lab);
+    Tensor host = Tensor::empty({d.B, d.T, 3 * d.C()}, DType::F32);
+    std::copy(qkv.begin(), qkv.end(), host.data<float>());
+    auto attn = gpu_->make_attention(cfg);
+    const Tensor x = to_gpu(host, c.fmt);
+    const Tensor out = poisoned({d.B, d.T, d.C()}, c.fmt), lse = poisoned({d.B, d.NH, d.T}, DType::F32);
+    attn->forward(out, lse, x, d.NH, c.fmt);
+    gpu_->synchronize();
+    const std::vector<float> saved = flash_cuda_saved_o(*attn);
+    const char* who = "gpu flash amp";
+    amp_test::compare(who, c, "O", values(to_host(out)), lab.o, c.fmt, 4);
+    amp_test::compare(who, c, "o32", std::vector<double>(saved.begin(), saved.end()), lab.o32, c.fmt, 4.5);
+    double max_lse = 0;
+    for (double v : lab.lse) max_lse = std::max(max_lse, std::fabs(v));
+    amp_test::compare(who, c, "lse", values(to_host(lse)), lab.lse, DType::F32,
+                      5e-5 * (1 + max_lse) / amp_test::ulp_at(max_lse, DType::F32));
+  }
+}
+
 TEST_F(GpuFlash, TiedMaximaBias) {
   // BF16 O~ accumulator (accum = bf16), V ~ N(-1.5, 0.2), two tied maxima at +5 in one key
   // tile, 2048 rows. The CPU tests' thresholds (tests/test_attn_deviation.cpp): flash more
@@ -754,6 +789,20 @@ TEST_F(GpuFlash, UnsupportedSettingsFail) {
       {"attention.qkv", [](AttentionConfig& c) { c.qkv = DType::F32; }},
       {"attention.grads", [](AttentionConfig& c) { c.grads = DType::F32; }},
       {"attention.kind", [](AttentionConfig&) {}, DType::F32},  // fp32 compute: use baseline
+      {"attention.o_tilde_scope",
+       [](AttentionConfig& c) {
+         c.accum = DType::BF16;
+         c.o_tilde_gain = 64;
+         c.o_tilde_scope = OTildeScope::UntiedMatched;
+       }},
+      {"attention.tie_break", [](AttentionConfig& c) { c.tie_break = 0x1p-8; }},
+      {"attention.cuda_kernel",
+       [](AttentionConfig& c) {
+         c.block_q = c.block_k = 128;
+         c.accum = DType::BF16;
+         c.o_tilde_gain = 64;
+         c.cuda_kernel = FlashKernel::Sm90;
+       }},
   };
   for (const Bad& b : bad) {
     AttentionConfig cfg = flash_cfg(AttentionKind::StabilizedFlash, true);
