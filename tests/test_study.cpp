@@ -348,6 +348,27 @@ TEST(Study, JobsTrainRunsAtOnceWithTheBitsOfOneAtATime) {
   }
   EXPECT_EQ(slurp(seq / "compare.csv"), slurp(out / "compare.csv"));
   EXPECT_NE(slurp(out / "study.yaml").find("\njobs: 3\n"), std::string::npos);
+  // What the one-call GPU study brings back (tools/gpu_check_study.sh's archive: logs, CSVs
+  // and configs, no checkpoint) renders here: report --no-checkpoints and repro_summary.
+  const fs::path logs = tmp_root() / "jobs_logs_only";
+  for (const auto& r : kRuns) {
+    fs::create_directories(logs / r);
+    for (const auto& e : fs::directory_iterator(out / r)) {
+      const std::string n = e.path().filename().string(), ext = e.path().extension().string();
+      if (ext == ".jsonl" || ext == ".csv" || ext == ".yaml" || n == "train.log") fs::copy_file(e.path(), logs / r / n);
+    }
+  }
+  const std::string bin = fs::path(ST_STUDY_BIN).parent_path().string();
+  const Cmd rep = run_cmd(bin + "/report " + (logs / "*").string() + " --no-checkpoints -o " +
+                          (logs / "report.html").string());
+  EXPECT_EQ(rep.code, 0) << rep.out << rep.err;
+  const nlohmann::json page = st::test::page_data(slurp(logs / "report.html"));
+  ASSERT_TRUE(page.is_object()) << "report.html has no data document";
+  EXPECT_EQ(page["runs"].size(), kRuns.size());
+  const Cmd sum = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + logs.string());
+  EXPECT_EQ(sum.code, 0) << sum.err;
+  for (const auto& r : kRuns) EXPECT_NE(sum.out.find(r), std::string::npos) << sum.out;
+
   const Cmd bad = study(study_file("jobs_bad.yaml", kBody + "jobs: 0\n").string() + " --dry-run");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("jobs"), std::string::npos) << bad.err;
