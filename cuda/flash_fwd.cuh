@@ -38,7 +38,8 @@
 // maximum is tied (the stabilized test above, on the unshifted scores, for flash too).
 // alpha, l and the rest as the mode without it. What remains different from the lab is what
 // the plain kernels have (the MMA's summation order, the FP32 row sum, ex2); where those are
-// exact (tests/simt/test_simt_flash.cpp, AmplifierBitExact) the outputs are the lab's bits.
+// exact (tests/flash_amp_cases.h: the emulator's test_simt_flash_amp.cpp and the GPU's
+// GpuFlash.AmplifierMatchesTheLab) the outputs are the lab's bits.
 //
 // Work decomposition: grid (B*NH, ceil(T / BR)); a block of BR/16 warps owns BR query rows,
 // each warp 16 of them (two per thread: rows g and g + 8 of the warp's 16, see
