@@ -383,8 +383,11 @@ TEST(Study, JobsTrainRunsAtOnceWithTheBitsOfOneAtATime) {
   EXPECT_EQ(f.code, 1);
   EXPECT_NE(f.err.find("study: error: run 2/3 bad failed (train exit status 1)"), std::string::npos) << f.err;
   EXPECT_FALSE(fs::exists(fout / "never"));
-  const auto ck = checkpoint_lines(fout / "long");  // stopped by the study's SIGTERM, or done
-  ASSERT_EQ(ck.size(), 1u) << slurp(fout / "long" / "train.log");
+  // Run long got the study's SIGTERM: stopped with its checkpoint, or (a slow start, as under
+  // the sanitizers) before its first step, with none; never at its final step 3000.
+  const auto ck = checkpoint_lines(fout / "long");
+  EXPECT_LE(ck.size(), 1u);
+  EXPECT_EQ(ck.count(3000), 0u) << "run long was not stopped";
 }
 
 TEST(Study, InterruptStopsTheRunWithACheckpointAndTheSameCommandResumes) {
