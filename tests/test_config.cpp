@@ -114,7 +114,7 @@ std::vector<std::string> diff(const Config& a, const Config& b) {
 }
 
 // The st::Error message `f` throws; fails the test when it throws nothing.
-std::string error_of(const std::function<void()>& f) { return st::test::error_message_of<Error>(f); }
+using st::test::error_of;
 
 // Error from parsing `yaml` (or applying `overrides`); checks the one-line, file-first form.
 std::string parse_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {

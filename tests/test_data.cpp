@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "test_util.h"
+#include "tokenizer_fixture.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/dataset.h"
@@ -30,18 +31,14 @@ namespace fs = std::filesystem;
 using namespace st;
 
 using st::test::slurp;
-using st::test::sh;
 
 namespace {
 
 using st::test::kVocabDir;
+using st::test::tok;
 const std::string kShakespeare = ST_SHARED_DATA_DIR "/tinyshakespeare.txt";
 
-const fs::path& tmp() {
-  static const fs::path p = st::test::make_scratch_dir("st_data_");
-  return p;
-}
-
+const fs::path& tmp() { return st::test::scratch_root("st_data_"); }
 
 std::string write(const std::string& name, const std::string& bytes) {
   const std::string p = (tmp() / name).string();
@@ -49,22 +46,10 @@ std::string write(const std::string& name, const std::string& bytes) {
   return p;
 }
 
-Gpt2Tokenizer& tok() {
-  static Gpt2Tokenizer t(kVocabDir);
-  return t;
-}
+using st::test::error_of;
 
-std::string error_of(const std::function<void()>& f) { return st::test::error_message_of<Error>(f); }
-
-struct Cmd {
-  int code;
-  std::string out, err;
-};
-Cmd run(const std::string& cmd) {
-  const std::string o = (tmp() / "cmd.out").string(), e = (tmp() / "cmd.err").string();
-  const int st = std::system((cmd + " >" + o + " 2>" + e).c_str());
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(o), slurp(e)};
-}
+using st::test::Cmd;
+Cmd run(const std::string& cmd) { return st::test::run_cmd(cmd, tmp()); }
 
 std::vector<int32_t> shard_tokens(const std::string& path) {
   const std::string b = slurp(path);
@@ -401,7 +386,6 @@ TEST(Loader, RanksPartitionEachEpochEqually) {
   EXPECT_EQ(per_rank, (999 / 8 + 776 / 8) / world);
   EXPECT_EQ(static_cast<int64_t>(seen.size()), per_rank * world);
 }
-
 
 namespace {
 

@@ -26,10 +26,7 @@ using st::test::slurp;
 
 namespace {
 
-const fs::path& tmp_root() {
-  static const fs::path p = st::test::make_scratch_dir("st_hooks_run_test_");
-  return p;
-}
+const fs::path& tmp_root() { return st::test::scratch_root("st_hooks_run_test_"); }
 
 std::string text_file() { return st::test::pseudo_text_file(tmp_root() / "text.txt"); }
 

@@ -8,21 +8,14 @@
 #include "backends/backends.h"
 #include "core/backend.h"
 #include "model/gpt2.h"
+#include "model_shapes.h"
 #include "optim/schedule.h"
 
 using namespace st;
 
 namespace {
 
-GPT2Config tiny() {
-  GPT2Config c;
-  c.vocab_size = 61;
-  c.max_seq_len = 16;
-  c.n_layer = 2;
-  c.n_head = 3;
-  c.n_embd = 24;
-  return c;
-}
+GPT2Config tiny() { return test::gpt2_shape(2, 3, 24, 16, 61); }
 
 void batch(std::vector<int32_t>& tok, std::vector<int32_t>& tgt, int n, int V, uint64_t seed) {
   Rng r(seed);

@@ -29,13 +29,9 @@ using st::test::sh;
 
 namespace {
 
-const fs::path& tmp() {
-  static const fs::path p = st::test::make_scratch_dir("st_io_");
-  return p;
-}
+const fs::path& tmp() { return st::test::scratch_root("st_io_"); }
 
-
-std::string error_of(const std::function<void()>& f) { return st::test::error_message_of<Error>(f); }
+using st::test::error_of;
 
 // Odd sizes; random values everywhere, padded vocabulary rows included.
 ModelWeights random_weights(uint64_t seed) {
@@ -417,15 +413,8 @@ TrainOptions quiet() {
   return o;
 }
 
-struct Cmd {
-  int code;
-  std::string out, err;
-};
-Cmd run(const std::string& cmd) {
-  const std::string o = (tmp() / "cmd.out").string(), e = (tmp() / "cmd.err").string();
-  const int st = std::system((cmd + " >" + o + " 2>" + e).c_str());
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(o), slurp(e)};
-}
+using st::test::Cmd;
+Cmd run(const std::string& cmd) { return st::test::run_cmd(cmd, tmp()); }
 
 }  // namespace
 

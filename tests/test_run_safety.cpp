@@ -37,10 +37,7 @@ using st::test::slurp;
 
 namespace {
 
-const fs::path& tmp_root() {
-  static const fs::path p = st::test::make_scratch_dir("st_run_safety_");
-  return p;
-}
+const fs::path& tmp_root() { return st::test::scratch_root("st_run_safety_"); }
 
 std::string text_file() { return st::test::pseudo_text_file(tmp_root() / "text.txt"); }
 
@@ -430,8 +427,10 @@ bool off_schedule_record(const std::string& line) {
 // delay in [0, 1.3 x the reference run's wall time], or a file-size limit (a full disk: the
 // write that crosses it fails with EFBIG) of 4..1024 KiB. After each one the run is resumed
 // (started over with --overwrite when no checkpoint was written yet); the third and later
-// attempts run undisturbed. The end state must equal the uninterrupted run's.
-void interrupted_trials(Hit hit, int trials, uint64_t seed, TrialStats* stats) {
+// attempts run undisturbed. The end state must equal the uninterrupted run's. Prints the
+// counts of attempts, interruptions and clean errors.
+void interrupted_trials(Hit hit, int trials, uint64_t seed) {
+  TrialStats counts;
   const fs::path ref = reference("trial_ref", 24);
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -461,7 +460,7 @@ void interrupted_trials(Hit hit, int trials, uint64_t seed, TrialStats* stats) {
       if (hit == Hit::kDiskFull && disturb)
         prefix = "trap '' XFSZ; ulimit -f " + std::to_string(4 << rng.below(9)) + ";";
       const Proc p = start(cfg, args, {}, prefix);
-      ++stats->attempts;
+      ++counts.attempts;
       const double delay =
           disturb && hit != Hit::kDiskFull ? rng.uniform() * 1.3 * full_s : 1e9;
       const int sig = hit == Hit::kKill ? SIGKILL : rng.below(2) ? SIGINT : SIGTERM;
@@ -485,14 +484,14 @@ void interrupted_trials(Hit hit, int trials, uint64_t seed, TrialStats* stats) {
       }
       const std::string out = slurp(p.err);
       if (rc == 0) break;
-      ++stats->interrupted;
+      ++counts.interrupted;
       if (hit == Hit::kKill) {
         ASSERT_EQ(rc, 128 + SIGKILL) << name << " attempt " << attempt << ": " << out;
       } else if (hit == Hit::kSignal) {
         ASSERT_EQ(rc, 128 + sig) << name << " attempt " << attempt << ": " << out;
         // Stopped by the handler (one line saying how to resume), or by the default action
         // before the handlers were installed (no output then).
-        if (out.find("stopped by") != std::string::npos) ++stats->clean_errors;
+        if (out.find("stopped by") != std::string::npos) ++counts.clean_errors;
       } else {
         ASSERT_EQ(rc, 1) << name << " attempt " << attempt << ": " << out;
         ASSERT_NE(out.find("File too large"), std::string::npos) << out;
@@ -504,7 +503,7 @@ void interrupted_trials(Hit hit, int trials, uint64_t seed, TrialStats* stats) {
         else
           EXPECT_NE(out.find("then --resume: it continues from " + ckpts.back().second),
                     std::string::npos) << out;
-        ++stats->clean_errors;
+        ++counts.clean_errors;
       }
     }
     std::vector<std::string> got;
@@ -526,7 +525,7 @@ void interrupted_trials(Hit hit, int trials, uint64_t seed, TrialStats* stats) {
   std::printf("probe: %s: %d runs, %d attempts, %d interrupted, %d with a clean message, end "
               "state identical in all (reference run %.2f s)\n",
               hit == Hit::kKill ? "kill -9" : hit == Hit::kSignal ? "SIGINT/SIGTERM" : "disk full",
-              trials, stats->attempts, stats->interrupted, stats->clean_errors, full_s);
+              trials, counts.attempts, counts.interrupted, counts.clean_errors, full_s);
 }
 
 int trials_from_env(int dflt) {
@@ -537,18 +536,14 @@ int trials_from_env(int dflt) {
 }  // namespace
 
 TEST(RunSafety, CrashConsistency) {
-  TrialStats st;
-  interrupted_trials(Hit::kKill, trials_from_env(6), 1, &st);
+  interrupted_trials(Hit::kKill, trials_from_env(6), 1);
 }
 TEST(RunSafetySlow, CrashConsistencyMany) {
-  TrialStats st;
-  interrupted_trials(Hit::kKill, trials_from_env(40), 2, &st);
+  interrupted_trials(Hit::kKill, trials_from_env(40), 2);
 }
 TEST(RunSafetySlow, StopSignalsAtRandomMoments) {
-  TrialStats st;
-  interrupted_trials(Hit::kSignal, trials_from_env(10), 3, &st);
+  interrupted_trials(Hit::kSignal, trials_from_env(10), 3);
 }
 TEST(RunSafetySlow, DiskFullThenResume) {
-  TrialStats st;
-  interrupted_trials(Hit::kDiskFull, trials_from_env(10), 4, &st);
+  interrupted_trials(Hit::kDiskFull, trials_from_env(10), 4);
 }

@@ -7,6 +7,7 @@
 
 #include "backends/backends.h"
 #include "model/gpt2.h"
+#include "model_shapes.h"
 #include "train/config.h"
 #include "train/memory_estimate.h"
 #include "train/progress.h"
@@ -14,15 +15,8 @@
 namespace st {
 namespace {
 
-GPT2Config tiny() {
-  GPT2Config c;
-  c.n_layer = 3;
-  c.n_head = 4;
-  c.n_embd = 64;
-  c.max_seq_len = 32;
-  c.vocab_size = 300;  // padded to 384
-  return c;
-}
+// vocab_size 300, padded to 384.
+GPT2Config tiny() { return test::gpt2_shape(3, 4, 64, 32, 300); }
 
 // The estimate's model part is what GPT2 allocates, to the byte, in every precision and
 // recomputation mode, sharded or not, with the kSeparate scratch.

@@ -35,21 +35,10 @@ using st::test::slurp;
 
 namespace {
 
-const fs::path& tmp_root() {
-  static const fs::path p = st::test::make_scratch_dir("st_study_test_");
-  return p;
-}
+const fs::path& tmp_root() { return st::test::scratch_root("st_study_test_"); }
 
-struct Cmd {
-  int code;
-  std::string out, err;
-};
-
-Cmd run_cmd(const std::string& cmd) {
-  const fs::path o = tmp_root() / "cmd.out", e = tmp_root() / "cmd.err";
-  const int code = st::test::sh(cmd + " >" + o.string() + " 2>" + e.string());
-  return {code, slurp(o), slurp(e)};
-}
+using st::test::Cmd;
+Cmd run_cmd(const std::string& cmd) { return st::test::run_cmd(cmd, tmp_root()); }
 
 Cmd study(const std::string& args) { return run_cmd(std::string(ST_STUDY_BIN) + " " + args); }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "test_util.h"
+#include "tokenizer_fixture.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
@@ -16,17 +17,11 @@ namespace fs = std::filesystem;
 using namespace st;
 
 using st::test::slurp;
-using st::test::sh;
 
 namespace {
 
 using st::test::kVocabDir;
-
-Gpt2Tokenizer& tok() {
-  static Gpt2Tokenizer t(kVocabDir);
-  return t;
-}
-
+using st::test::tok;
 
 std::vector<std::string> pieces(const std::string& s) {
   std::vector<std::string_view> v;
@@ -34,7 +29,7 @@ std::vector<std::string> pieces(const std::string& s) {
   return std::vector<std::string>(v.begin(), v.end());
 }
 
-std::string error_of(const std::function<void()>& f) { return st::test::error_message_of<Error>(f); }
+using st::test::error_of;
 
 using V = std::vector<int32_t>;
 using S = std::vector<std::string>;

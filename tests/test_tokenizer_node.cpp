@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "test_util.h"
+#include "tokenizer_fixture.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
 
@@ -28,14 +29,10 @@ using st::test::sh;
 namespace {
 
 using st::test::kVocabDir;
+using st::test::tok;
 const std::string kPkg = ST_NPM_PREFIX "/node_modules/gpt-3-encoder";
 
-
-const fs::path& tmp() {
-  static const fs::path p = st::test::make_scratch_dir("st_node_");
-  return p;
-}
-
+const fs::path& tmp() { return st::test::scratch_root("st_node_"); }
 
 // Installs the package once (under a lock: ctest runs test cases in parallel processes).
 void ensure_package() {
@@ -59,11 +56,6 @@ std::vector<int64_t> node_numbers(const std::string& mode, const std::string& te
   std::ifstream f(out);
   for (std::string line; std::getline(f, line);) v.push_back(line.empty() ? -1 : std::stoll(line));
   return v;
-}
-
-Gpt2Tokenizer& tok() {
-  static Gpt2Tokenizer t(kVocabDir);
-  return t;
 }
 
 // Index of the first difference, or -1.

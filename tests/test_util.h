@@ -15,9 +15,12 @@
 #include <memory>
 #include <iterator>
 #include <list>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
+#include "core/error.h"
 #include "core/rng.h"
 
 namespace st::test {
@@ -49,6 +52,17 @@ inline std::filesystem::path make_scratch_dir(const std::string& prefix) {
   return d;
 }
 
+// The scratch folder of this test program for `prefix`: make_scratch_dir(prefix) on the
+// first call, the same folder on every later call (from any source file of the program).
+inline const std::filesystem::path& scratch_root(const std::string& prefix) {
+  static std::mutex m;
+  static std::map<std::string, std::filesystem::path> made;
+  const std::lock_guard<std::mutex> lock(m);
+  auto it = made.find(prefix);
+  if (it == made.end()) it = made.emplace(prefix, make_scratch_dir(prefix)).first;
+  return it->second;
+}
+
 // The message of the st::Error that f throws; a test failure (and "(no error)") if none.
 template <class Error>
 std::string error_message_of(const std::function<void()>& f) {
@@ -61,10 +75,28 @@ std::string error_message_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// The message of the st::Error that f throws (error_message_of).
+inline std::string error_of(const std::function<void()>& f) { return error_message_of<Error>(f); }
+
 // Runs a shell command; its exit status, or -1 if it did not exit normally.
 inline int sh(const std::string& cmd) {
   const int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// What a command line did: its exit status (-1 if it did not exit normally), its stdout and
+// its stderr.
+struct Cmd {
+  int code;
+  std::string out, err;
+};
+
+// Runs `cmd` through the shell, its stdout and stderr caught in `dir`/cmd.out and
+// `dir`/cmd.err (the last command's stay there for a look).
+inline Cmd run_cmd(const std::string& cmd, const std::filesystem::path& dir) {
+  const std::filesystem::path o = dir / "cmd.out", e = dir / "cmd.err";
+  const int code = sh(cmd + " >" + o.string() + " 2>" + e.string());
+  return {code, slurp(o), slurp(e)};
 }
 
 // A deterministic pseudo-text of ~40 KB (words from a small vocabulary) at `p`, written
@@ -79,10 +111,6 @@ inline std::string pseudo_text_file(const std::filesystem::path& p) {
   }
   return p.string();
 }
-
-#ifdef ST_SHARED_DATA_DIR
-inline const std::string kVocabDir = ST_SHARED_DATA_DIR "/gpt2-tokenizer";
-#endif
 
 // Runs f (which reads the FIFO `fifo`) on a thread and returns its exception text ("" when
 // it returned). A call still blocked after 5 s is a test failure; a writer opened on the
