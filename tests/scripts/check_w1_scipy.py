@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent check of `compare`'s weight distances (tests/test_compare.cpp).
+"""Independent check of `compare`'s weight distances (tests/test_compare_tool.cpp).
 
     check_w1_scipy.py COMPARE_CSV RUN_A_DIR RUN_B_DIR
 
