@@ -29,13 +29,10 @@
 
 namespace fs = std::filesystem;
 using namespace st;
-
-using st::test::slurp;
+using st::test::kVocabDir, st::test::slurp, st::test::tok;
 
 namespace {
 
-using st::test::kVocabDir;
-using st::test::tok;
 const std::string kShakespeare = ST_SHARED_DATA_DIR "/tinyshakespeare.txt";
 
 const fs::path& tmp() { return st::test::scratch_root("st_data_"); }

@@ -15,13 +15,10 @@
 
 namespace fs = std::filesystem;
 using namespace st;
-
-using st::test::slurp;
+using st::test::kVocabDir, st::test::slurp, st::test::tok;
 
 namespace {
 
-using st::test::kVocabDir;
-using st::test::tok;
 
 std::vector<std::string> pieces(const std::string& s) {
   std::vector<std::string_view> v;

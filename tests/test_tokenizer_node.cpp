@@ -22,14 +22,11 @@
 
 namespace fs = std::filesystem;
 using namespace st;
-
-using st::test::slurp;
+using st::test::kVocabDir, st::test::slurp, st::test::tok;
 using st::test::sh;
 
 namespace {
 
-using st::test::kVocabDir;
-using st::test::tok;
 const std::string kPkg = ST_NPM_PREFIX "/node_modules/gpt-3-encoder";
 
 const fs::path& tmp() { return st::test::scratch_root("st_node_"); }
