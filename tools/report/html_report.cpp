@@ -23,6 +23,7 @@ namespace st::report {
 namespace assets {
 extern const char* const uplot_js;
 extern const char* const uplot_css;
+extern const char* const report_kit_js;
 extern const char* const report_js;
 extern const char* const report_css;
 }  // namespace assets
@@ -450,7 +451,8 @@ std::string html_report(const std::vector<RunData>& runs, const HtmlOptions& opt
        "are in the script element <code>report-data</code> (JSON).</p></noscript></main>\n"
        "<script id=\"report-data\" type=\"application/json\">"
     << script_safe(data.dump(-1, ' ', false, json::error_handler_t::replace)) << "</script>\n<script>"
-    << assets::uplot_js << "</script>\n<script>" << assets::report_js << "</script>\n</body></html>\n";
+    << assets::uplot_js << "</script>\n<script>" << assets::report_kit_js << "</script>\n<script>"
+    << assets::report_js << "</script>\n</body></html>\n";
   return o.str();
 }
 
