@@ -129,6 +129,25 @@ struct RowCtx {
   }
 };
 
+// The rows of a hook CSV whose columns are `names` (checked present), appended to `out`:
+// step, layer (below L) and head (below H) from the columns named so, the row's own fields
+// set by fill(x, c, row) (c: the columns of `names`, in order), every field parsed strictly.
+template <class Row, class Fill>
+void hook_rows(std::vector<Row>& out, const CsvTable& t, const std::string& p, const std::vector<std::string>& names,
+               int L, int H, Fill fill) {
+  const auto c = need_cols(t, p, names);
+  const int cs = t.col("step"), cl = t.col("layer"), ch = t.col("head");
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const RowCtx x{p, t, i};
+    Row row;
+    row.step = x.step(cs);
+    row.layer = x.index(cl, L, "layer");
+    row.head = x.index(ch, H, "head");
+    fill(x, c, row);
+    out.push_back(row);
+  }
+}
+
 // Loads an optional CSV file with `parse` run on the table; a missing file becomes the note,
 // one that cannot be read or holds a bad row throws.
 template <class F>
@@ -435,78 +454,49 @@ RunData load_run(const std::string& dir) {
   // Indices are bounded by the run's shape (config.yaml), else by train's limits.
   const int L = r.cfg("model.n_layer").empty() ? kMaxLayers : to_index(r.cfg("model.n_layer"));
   const int H = r.cfg("model.n_head").empty() ? kMaxHeads : to_index(r.cfg("model.n_head"));
+  using Cols = std::vector<int>;
   optional_csv(dir, "spectral.csv", r.spectral_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "layer", "head", "matrix", "sigma"});
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      SpectralRow s;
-      s.step = x.step(c[0]);
-      s.layer = x.index(c[1], L, "layer");
-      s.head = x.index(c[2], H, "head");
-      s.matrix = x.at(c[3]);
-      s.sigma = x.number(c[4]);
-      r.spectral.push_back(s);
-    }
+    hook_rows(r.spectral, t, p, {"step", "layer", "head", "matrix", "sigma"}, L, H,
+              [](const RowCtx& x, const Cols& c, SpectralRow& s) {
+                s.matrix = x.at(c[3]);
+                s.sigma = x.number(c[4]);
+              });
   });
   optional_csv(dir, "attn_stats.csv", r.attn_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "layer", "head", "stat", "value"});
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      AttnRow a;
-      a.step = x.step(c[0]);
-      a.layer = x.index(c[1], L, "layer");
-      a.head = x.index(c[2], H, "head");
-      a.stat = x.at(c[3]);
-      a.value = x.number(c[4]);
-      r.attn.push_back(a);
-    }
+    hook_rows(r.attn, t, p, {"step", "layer", "head", "stat", "value"}, L, H,
+              [](const RowCtx& x, const Cols& c, AttnRow& a) {
+                a.stat = x.at(c[3]);
+                a.value = x.number(c[4]);
+              });
   });
   optional_csv(dir, "delta_drift.csv", r.drift_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "layer", "head", "delta_drift_cum"});
     const int cd = t.col("delta_drift"), ca = t.col("delta_abs_err"), cn = t.col("dwq_err_norm"),
               cr = t.col("dwq_rel_err"), cc = t.col("dwq_cos_prev");
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      DriftRow d;
-      d.step = x.step(c[0]);
-      d.layer = x.index(c[1], L, "layer");
-      d.head = x.index(c[2], H, "head");
-      d.cum = x.number(c[3]);
-      d.drift = x.number(cd);
-      d.abs_err = x.number(ca);
-      d.dwq_err_norm = x.number(cn);
-      d.dwq_rel_err = x.number(cr);
-      d.cos_prev = x.number(cc);
-      r.drift.push_back(d);
-    }
+    hook_rows(r.drift, t, p, {"step", "layer", "head", "delta_drift_cum"}, L, H,
+              [&](const RowCtx& x, const Cols& c, DriftRow& d) {
+                d.cum = x.number(c[3]);
+                d.drift = x.number(cd);
+                d.abs_err = x.number(ca);
+                d.dwq_err_norm = x.number(cn);
+                d.dwq_rel_err = x.number(cr);
+                d.cos_prev = x.number(cc);
+              });
   });
   optional_csv(dir, "grad_norms.csv", r.grad_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "tensor", "layer", "head", "norm"});
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      GradRow g;
-      g.step = x.step(c[0]);
-      g.tensor = x.at(c[1]);
-      g.layer = x.index(c[2], L, "layer");
-      g.head = x.index(c[3], H, "head");
-      g.norm = x.number(c[4]);
-      r.grad.push_back(g);
-    }
+    hook_rows(r.grad, t, p, {"step", "tensor", "layer", "head", "norm"}, L, H,
+              [](const RowCtx& x, const Cols& c, GradRow& g) {
+                g.tensor = x.at(c[1]);
+                g.norm = x.number(c[4]);
+              });
   });
   optional_csv(dir, "wasserstein.csv", r.wasserstein_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "tensor", "layer", "head", "w1", "w1_normalized", "max_abs_diff"});
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      DistRow d;
-      d.step = x.step(c[0]);
-      d.tensor = x.at(c[1]);
-      d.layer = x.index(c[2], L, "layer");
-      d.head = x.index(c[3], H, "head");
-      d.w1 = x.number(c[4]);
-      d.w1_normalized = x.number(c[5]);
-      d.max_abs_diff = x.number(c[6]);
-      r.wasserstein.push_back(d);
-    }
+    hook_rows(r.wasserstein, t, p, {"step", "tensor", "layer", "head", "w1", "w1_normalized", "max_abs_diff"}, L, H,
+              [](const RowCtx& x, const Cols& c, DistRow& d) {
+                d.tensor = x.at(c[1]);
+                d.w1 = x.number(c[4]);
+                d.w1_normalized = x.number(c[5]);
+                d.max_abs_diff = x.number(c[6]);
+              });
   });
   return r;
 }
