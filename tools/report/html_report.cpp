@@ -426,7 +426,8 @@ json report_data(const std::vector<RunData>& in, const HtmlOptions& opt, std::FI
         !runs[i].wasserstein.empty()) {
       json w = wasserstein_distances(runs[i], i);
       if (canonical(runs[i].cfg("hooks.reference_run")) == ref_dir) w["against"] = opt.reference;
-      for (const auto& n : d.value("notes", json::array())) w["notes"].push_back(n);
+      if (d.is_object())  // null under --no-checkpoints
+        for (const auto& n : d.value("notes", json::array())) w["notes"].push_back(n);
       d = std::move(w);
     }
     if (!d.is_null()) dist.push_back(std::move(d));
