@@ -251,24 +251,27 @@ std::string RunData::cfg(const std::string& key, const std::string& fallback) co
   return it == config.end() ? fallback : it->second;
 }
 
-int RunData::n_layer() const {
-  const int v = to_index(cfg("model.n_layer"));
+namespace {
+// The config's `key` when positive, else one more than the largest index(row) of the
+// spectral, attention and drift rows (0 when there are none).
+template <class Index>
+int count_from(const RunData& r, const std::string& key, Index index) {
+  const int v = to_index(r.cfg(key));
   if (v > 0) return v;
   int m = -1;
-  for (const auto& r : spectral) m = std::max(m, r.layer);
-  for (const auto& r : attn) m = std::max(m, r.layer);
-  for (const auto& r : drift) m = std::max(m, r.layer);
+  for (const auto& x : r.spectral) m = std::max(m, index(x));
+  for (const auto& x : r.attn) m = std::max(m, index(x));
+  for (const auto& x : r.drift) m = std::max(m, index(x));
   return m + 1;
+}
+}  // namespace
+
+int RunData::n_layer() const {
+  return count_from(*this, "model.n_layer", [](const auto& x) { return x.layer; });
 }
 
 int RunData::n_head() const {
-  const int v = to_index(cfg("model.n_head"));
-  if (v > 0) return v;
-  int m = -1;
-  for (const auto& r : spectral) m = std::max(m, r.head);
-  for (const auto& r : attn) m = std::max(m, r.head);
-  for (const auto& r : drift) m = std::max(m, r.head);
-  return m + 1;
+  return count_from(*this, "model.n_head", [](const auto& x) { return x.head; });
 }
 
 std::string hooks_hint(const RunData& r, const std::string& file) {
@@ -455,20 +458,22 @@ RunData load_run(const std::string& dir) {
   const int L = r.cfg("model.n_layer").empty() ? kMaxLayers : to_index(r.cfg("model.n_layer"));
   const int H = r.cfg("model.n_head").empty() ? kMaxHeads : to_index(r.cfg("model.n_head"));
   using Cols = std::vector<int>;
-  optional_csv(dir, "spectral.csv", r.spectral_state, r, [&](const CsvTable& t, const std::string& p) {
-    hook_rows(r.spectral, t, p, {"step", "layer", "head", "matrix", "sigma"}, L, H,
-              [](const RowCtx& x, const Cols& c, SpectralRow& s) {
-                s.matrix = x.at(c[3]);
-                s.sigma = x.number(c[4]);
-              });
-  });
-  optional_csv(dir, "attn_stats.csv", r.attn_state, r, [&](const CsvTable& t, const std::string& p) {
-    hook_rows(r.attn, t, p, {"step", "layer", "head", "stat", "value"}, L, H,
-              [](const RowCtx& x, const Cols& c, AttnRow& a) {
-                a.stat = x.at(c[3]);
-                a.value = x.number(c[4]);
-              });
-  });
+  // A hook CSV into `rows` (hook_rows: its columns `names`, fill sets the row's own fields).
+  const auto hook_csv = [&](const char* file, auto& rows, FileState& state, const std::vector<std::string>& names,
+                            auto fill) {
+    optional_csv(dir, file, state, r,
+                 [&](const CsvTable& t, const std::string& p) { hook_rows(rows, t, p, names, L, H, fill); });
+  };
+  hook_csv("spectral.csv", r.spectral, r.spectral_state, {"step", "layer", "head", "matrix", "sigma"},
+           [](const RowCtx& x, const Cols& c, SpectralRow& s) {
+             s.matrix = x.at(c[3]);
+             s.sigma = x.number(c[4]);
+           });
+  hook_csv("attn_stats.csv", r.attn, r.attn_state, {"step", "layer", "head", "stat", "value"},
+           [](const RowCtx& x, const Cols& c, AttnRow& a) {
+             a.stat = x.at(c[3]);
+             a.value = x.number(c[4]);
+           });
   optional_csv(dir, "delta_drift.csv", r.drift_state, r, [&](const CsvTable& t, const std::string& p) {
     const int cd = t.col("delta_drift"), ca = t.col("delta_abs_err"), cn = t.col("dwq_err_norm"),
               cr = t.col("dwq_rel_err"), cc = t.col("dwq_cos_prev");
@@ -482,22 +487,19 @@ RunData load_run(const std::string& dir) {
                 d.cos_prev = x.number(cc);
               });
   });
-  optional_csv(dir, "grad_norms.csv", r.grad_state, r, [&](const CsvTable& t, const std::string& p) {
-    hook_rows(r.grad, t, p, {"step", "tensor", "layer", "head", "norm"}, L, H,
-              [](const RowCtx& x, const Cols& c, GradRow& g) {
-                g.tensor = x.at(c[1]);
-                g.norm = x.number(c[4]);
-              });
-  });
-  optional_csv(dir, "wasserstein.csv", r.wasserstein_state, r, [&](const CsvTable& t, const std::string& p) {
-    hook_rows(r.wasserstein, t, p, {"step", "tensor", "layer", "head", "w1", "w1_normalized", "max_abs_diff"}, L, H,
-              [](const RowCtx& x, const Cols& c, DistRow& d) {
-                d.tensor = x.at(c[1]);
-                d.w1 = x.number(c[4]);
-                d.w1_normalized = x.number(c[5]);
-                d.max_abs_diff = x.number(c[6]);
-              });
-  });
+  hook_csv("grad_norms.csv", r.grad, r.grad_state, {"step", "tensor", "layer", "head", "norm"},
+           [](const RowCtx& x, const Cols& c, GradRow& g) {
+             g.tensor = x.at(c[1]);
+             g.norm = x.number(c[4]);
+           });
+  hook_csv("wasserstein.csv", r.wasserstein, r.wasserstein_state,
+           {"step", "tensor", "layer", "head", "w1", "w1_normalized", "max_abs_diff"},
+           [](const RowCtx& x, const Cols& c, DistRow& d) {
+             d.tensor = x.at(c[1]);
+             d.w1 = x.number(c[4]);
+             d.w1_normalized = x.number(c[5]);
+             d.max_abs_diff = x.number(c[6]);
+           });
   return r;
 }
 
