@@ -19,12 +19,14 @@ against torch's CUDNN_ATTENTION first (the same library underneath), then the ot
 Note: FlashAttention-2's backward accumulates dQ with atomicAdd (non-deterministic from run
 to run); ours is deterministic (dQ in its own kernel, more FLOPs than the count above).
 
-Only torch and the standard library. Exits with status 2 and a message without torch or CUDA.
+Only torch, the standard library and bench_torch_timing.py (beside it). Exits with status 2
+and a message without torch or CUDA.
 """
 import argparse
 import re
-import statistics
 import sys
+
+from bench_torch_timing import median_ms
 
 
 def parse_ours(path):
@@ -94,18 +96,6 @@ def main():
             return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False,
                                                   enable_mem_efficient=False)
 
-    def timed(fn, reps):
-        times = []
-        for _ in range(reps):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
     device = torch.cuda.get_device_name(0)
     print(f"device: {device}")
     results = {}  # {(backend, d, T): (fwd, bwd, fwd+bwd TFLOP/s)}
@@ -145,9 +135,9 @@ def main():
                             bwd()
                             both()
                         torch.cuda.synchronize()
-                        t_f = timed(fwd, args.reps)
-                        t_b = timed(bwd, args.reps)
-                        t_fb = timed(both, args.reps)
+                        t_f = median_ms(torch, fwd, 0, args.reps)
+                        t_b = median_ms(torch, bwd, 0, args.reps)
+                        t_fb = median_ms(torch, both, 0, args.reps)
                 except RuntimeError as e:
                     print(f"| {d} | {T} | {B} | {H} | - | - | - | - | - | - |  <!-- {str(e).splitlines()[0]} -->")
                     continue

@@ -10,8 +10,9 @@ usage: bench_torch_gemm.py [--ours BENCH_GPU_OUTPUT] [--reps N]
 """
 import argparse
 import re
-import statistics
 import sys
+
+from bench_torch_timing import median_ms
 
 N = 8192
 C = 768
@@ -23,22 +24,6 @@ SHAPES = [
     ("fc proj 4C->C", 4 * C, C, True),
     ("lm head  C->50304", C, 50304, False),
 ]
-
-
-def median_ms(torch, fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def parse_ours(path):

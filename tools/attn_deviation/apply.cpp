@@ -25,18 +25,22 @@ namespace st::attn_tool {
 
 namespace {
 
+// The whole --qkv file (core/ and io/ have no raw-file reader: their formats have headers).
 std::vector<char> read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("apply --qkv ", path, ": cannot open: ", std::strerror(errno));
   return std::vector<char>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
+// A scratch output read back at once (tools/bias_kernels.py's temporary folder): a plain
+// write, not train/run_io.h's write_file_atomic (temporary file, fsync, rename, for run files
+// that must survive a crash). A failed write is core/error.h's WriteError, as everywhere.
 void write_raw(const std::string& path, const void* data, size_t bytes, const char* flag) {
   FILE* fp = std::fopen(path.c_str(), "wb");
   if (!fp) fail("apply ", flag, " ", path, ": cannot open for writing: ", std::strerror(errno));
   const bool short_write = std::fwrite(data, 1, bytes, fp) != bytes;
   if (std::fclose(fp) != 0 || short_write)
-    fail("apply ", flag, " ", path, ": write failed: ", std::strerror(errno), " (disk full?)");
+    fail_write("apply ", flag, " ", path, ": write failed: ", std::strerror(errno), " (disk full?)");
 }
 
 // The host values of t (any float storage) as doubles.

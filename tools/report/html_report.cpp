@@ -23,6 +23,7 @@ namespace st::report {
 namespace assets {
 extern const char* const uplot_js;
 extern const char* const uplot_css;
+extern const char* const report_kit_js;
 extern const char* const report_js;
 extern const char* const report_css;
 }  // namespace assets
@@ -142,6 +143,36 @@ void add_series(json& out, const std::vector<Row>& rows, Keep keep, Value value,
   }
 }
 
+// add_series once per distinct value of `field` in `rows` (series_by_key keys by (layer,
+// head) only), each series tagged {name: value}.
+template <class Row>
+void add_series_by(json& out, const std::vector<Row>& rows, std::string Row::*field, double Row::*value,
+                   const char* name) {
+  std::set<std::string> values;
+  for (const Row& r : rows) values.insert(r.*field);
+  for (const auto& v : values)
+    add_series(
+        out, rows, [&](const Row& r) { return r.*field == v; }, [&](const Row& r) { return r.*value; },
+        {{name, v}});
+}
+
+// A distance entry of the page's data (see report.js: distance[]) with no pairs and no series yet.
+json distance_json(json run, json against, const char* source) {
+  return {{"run", std::move(run)}, {"against", std::move(against)}, {"source", source}, {"notes", json::array()},
+          {"pairs", json::array()}, {"series", json::array()}};
+}
+// One series of a distance entry: tensor, layer, head; its points added by add_distance_point.
+json distance_series(const std::string& tensor, int layer, int head) {
+  return {{"t", tensor}, {"l", layer}, {"h", head}, {"x", json::array()}, {"w1n", json::array()}, {"max", json::array()}};
+}
+// A point of such a series from a DistRow or an analysis DistanceRow.
+template <class Row>
+void add_distance_point(json& s, int64_t step, const Row& r) {
+  s["x"].push_back(step);
+  s["w1n"].push_back(num(r.w1_normalized));
+  s["max"].push_back(num(r.max_abs_diff));
+}
+
 json file_state(const FileState& f) { return {{"present", f.present}, {"note", f.note}}; }
 
 json run_json(const RunData& r, const RunData& ref, bool is_ref) {
@@ -196,23 +227,13 @@ json run_json(const RunData& r, const RunData& ref, bool is_ref) {
   }
   j["events"] = ev;
 
-  // series_by_key keys by (layer, head) only: one call per matrix (per stat, per field).
+  // One call per matrix (per stat, per field): series_by_key keys by (layer, head) only.
   json spec = json::array();
-  std::set<std::string> mats;
-  for (const auto& s : r.spectral) mats.insert(s.matrix);
-  for (const auto& m : mats)
-    add_series(
-        spec, r.spectral, [&](const SpectralRow& s) { return s.matrix == m; },
-        [](const SpectralRow& s) { return s.sigma; }, {{"m", m}});
+  add_series_by(spec, r.spectral, &SpectralRow::matrix, &SpectralRow::sigma, "m");
   j["spectral"] = spec;
 
   json attn = json::array();
-  std::set<std::string> stats;
-  for (const auto& a : r.attn) stats.insert(a.stat);
-  for (const auto& st : stats)
-    add_series(
-        attn, r.attn, [&](const AttnRow& a) { return a.stat == st; }, [](const AttnRow& a) { return a.value; },
-        {{"s", st}});
+  add_series_by(attn, r.attn, &AttnRow::stat, &AttnRow::value, "s");
   j["attn"] = attn;
 
   json drift = json::array();
@@ -251,8 +272,7 @@ std::string canonical(const std::string& dir) {
 // Weight distances of run `b` against the reference `a` from their checkpoints.
 json checkpoint_distances(const RunData& a, const RunData& b, size_t bi, size_t ai, const HtmlOptions& opt,
                           std::FILE* log) {
-  json d = {{"run", bi}, {"against", ai}, {"source", "checkpoints"}, {"notes", json::array()},
-            {"pairs", json::array()}, {"series", json::array()}};
+  json d = distance_json(bi, ai, "checkpoints");
   const std::vector<CheckpointPair> pairs = checkpoint_pairs(a.checkpoints, b.checkpoints, opt.max_checkpoint_pairs);
   if (pairs.empty()) {
     d["notes"].push_back("no checkpoints to compare: " + a.name + " has " + std::to_string(a.checkpoints.size()) +
@@ -297,14 +317,10 @@ json checkpoint_distances(const RunData& a, const RunData& b, size_t bi, size_t 
         const auto key = std::make_tuple(r.tensor, r.layer, r.head);
         auto it = by_key.find(key);
         if (it == by_key.end()) {
-          it = by_key.emplace(key, json{{"t", r.tensor}, {"l", r.layer}, {"h", r.head}, {"x", json::array()},
-                                        {"w1n", json::array()}, {"max", json::array()}})
-                   .first;
+          it = by_key.emplace(key, distance_series(r.tensor, r.layer, r.head)).first;
           order.push_back(key);
         }
-        it->second["x"].push_back(p.step_a);
-        it->second["w1n"].push_back(num(r.w1_normalized));
-        it->second["max"].push_back(num(r.max_abs_diff));
+        add_distance_point(it->second, p.step_a, r);
       }
     } catch (const std::exception& e) {
       d["notes"].push_back("step " + std::to_string(p.step_a) + ": " + e.what());
@@ -315,21 +331,15 @@ json checkpoint_distances(const RunData& a, const RunData& b, size_t bi, size_t 
 }
 
 json wasserstein_distances(const RunData& r, size_t ri) {
-  json d = {{"run", ri}, {"against", nullptr}, {"source", "wasserstein.csv"}, {"notes", json::array()},
-            {"pairs", json::array()}, {"series", json::array()}};
+  json d = distance_json(ri, nullptr, "wasserstein.csv");
   d["pairing"] = "from the run's wasserstein.csv, against its hooks.reference_run " +
                  r.cfg("hooks.reference_run", "?") + " at the same steps";
   if (!r.wasserstein_state.note.empty()) d["notes"].push_back(r.wasserstein_state.note);
   std::map<std::tuple<std::string, int, int>, std::map<int64_t, const DistRow*>> m;
   for (const DistRow& x : r.wasserstein) m[{x.tensor, x.layer, x.head}][x.step] = &x;
   for (const auto& [k, pts] : m) {
-    json s = {{"t", std::get<0>(k)}, {"l", std::get<1>(k)}, {"h", std::get<2>(k)}, {"x", json::array()},
-              {"w1n", json::array()}, {"max", json::array()}};
-    for (const auto& [step, row] : pts) {
-      s["x"].push_back(step);
-      s["w1n"].push_back(num(row->w1_normalized));
-      s["max"].push_back(num(row->max_abs_diff));
-    }
+    json s = distance_series(std::get<0>(k), std::get<1>(k), std::get<2>(k));
+    for (const auto& [step, row] : pts) add_distance_point(s, step, *row);
     d["series"].push_back(std::move(s));
   }
   return d;
@@ -416,7 +426,8 @@ json report_data(const std::vector<RunData>& in, const HtmlOptions& opt, std::FI
         !runs[i].wasserstein.empty()) {
       json w = wasserstein_distances(runs[i], i);
       if (canonical(runs[i].cfg("hooks.reference_run")) == ref_dir) w["against"] = opt.reference;
-      for (const auto& n : d.value("notes", json::array())) w["notes"].push_back(n);
+      if (d.is_object())  // null under --no-checkpoints
+        for (const auto& n : d.value("notes", json::array())) w["notes"].push_back(n);
       d = std::move(w);
     }
     if (!d.is_null()) dist.push_back(std::move(d));
@@ -441,7 +452,8 @@ std::string html_report(const std::vector<RunData>& runs, const HtmlOptions& opt
        "are in the script element <code>report-data</code> (JSON).</p></noscript></main>\n"
        "<script id=\"report-data\" type=\"application/json\">"
     << script_safe(data.dump(-1, ' ', false, json::error_handler_t::replace)) << "</script>\n<script>"
-    << assets::uplot_js << "</script>\n<script>" << assets::report_js << "</script>\n</body></html>\n";
+    << assets::uplot_js << "</script>\n<script>" << assets::report_kit_js << "</script>\n<script>"
+    << assets::report_js << "</script>\n</body></html>\n";
   return o.str();
 }
 

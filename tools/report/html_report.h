@@ -1,9 +1,9 @@
 // `report`'s HTML page: one offline file. The runs' data go into the page as one JSON
-// document (`report_data`); the page's script (tools/report/web/report.js) draws it with
-// uPlot (third_party/uplot), both compiled into the binary and inlined, so nothing is
-// fetched. The page is built around comparison with a reference run: loss and Δloss, grad
-// norms per layer, spectral norms, attention statistics, δ drift and weight distances,
-// every per-layer panel overlaying the runs on one shared scale.
+// document (`report_data`); the page's script (tools/report/web/report.js, its helpers in
+// report_kit.js) draws it with uPlot (third_party/uplot), all compiled into the binary and
+// inlined, so nothing is fetched. The page is built around comparison with a reference run:
+// loss and Δloss, grad norms per layer, spectral norms, attention statistics, δ drift and
+// weight distances, every per-layer panel overlaying the runs on one shared scale.
 #pragma once
 #include <cstdint>
 #include <cstdio>

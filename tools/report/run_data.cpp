@@ -129,6 +129,25 @@ struct RowCtx {
   }
 };
 
+// The rows of a hook CSV whose columns are `names` (checked present), appended to `out`:
+// step, layer (below L) and head (below H) from the columns named so, the row's own fields
+// set by fill(x, c, row) (c: the columns of `names`, in order), every field parsed strictly.
+template <class Row, class Fill>
+void hook_rows(std::vector<Row>& out, const CsvTable& t, const std::string& p, const std::vector<std::string>& names,
+               int L, int H, Fill fill) {
+  const auto c = need_cols(t, p, names);
+  const int cs = t.col("step"), cl = t.col("layer"), ch = t.col("head");
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const RowCtx x{p, t, i};
+    Row row;
+    row.step = x.step(cs);
+    row.layer = x.index(cl, L, "layer");
+    row.head = x.index(ch, H, "head");
+    fill(x, c, row);
+    out.push_back(row);
+  }
+}
+
 // Loads an optional CSV file with `parse` run on the table; a missing file becomes the note,
 // one that cannot be read or holds a bad row throws.
 template <class F>
@@ -232,24 +251,27 @@ std::string RunData::cfg(const std::string& key, const std::string& fallback) co
   return it == config.end() ? fallback : it->second;
 }
 
-int RunData::n_layer() const {
-  const int v = to_index(cfg("model.n_layer"));
+namespace {
+// The config's `key` when positive, else one more than the largest index(row) of the
+// spectral, attention and drift rows (0 when there are none).
+template <class Index>
+int count_from(const RunData& r, const std::string& key, Index index) {
+  const int v = to_index(r.cfg(key));
   if (v > 0) return v;
   int m = -1;
-  for (const auto& r : spectral) m = std::max(m, r.layer);
-  for (const auto& r : attn) m = std::max(m, r.layer);
-  for (const auto& r : drift) m = std::max(m, r.layer);
+  for (const auto& x : r.spectral) m = std::max(m, index(x));
+  for (const auto& x : r.attn) m = std::max(m, index(x));
+  for (const auto& x : r.drift) m = std::max(m, index(x));
   return m + 1;
+}
+}  // namespace
+
+int RunData::n_layer() const {
+  return count_from(*this, "model.n_layer", [](const auto& x) { return x.layer; });
 }
 
 int RunData::n_head() const {
-  const int v = to_index(cfg("model.n_head"));
-  if (v > 0) return v;
-  int m = -1;
-  for (const auto& r : spectral) m = std::max(m, r.head);
-  for (const auto& r : attn) m = std::max(m, r.head);
-  for (const auto& r : drift) m = std::max(m, r.head);
-  return m + 1;
+  return count_from(*this, "model.n_head", [](const auto& x) { return x.head; });
 }
 
 std::string hooks_hint(const RunData& r, const std::string& file) {
@@ -435,79 +457,49 @@ RunData load_run(const std::string& dir) {
   // Indices are bounded by the run's shape (config.yaml), else by train's limits.
   const int L = r.cfg("model.n_layer").empty() ? kMaxLayers : to_index(r.cfg("model.n_layer"));
   const int H = r.cfg("model.n_head").empty() ? kMaxHeads : to_index(r.cfg("model.n_head"));
-  optional_csv(dir, "spectral.csv", r.spectral_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "layer", "head", "matrix", "sigma"});
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      SpectralRow s;
-      s.step = x.step(c[0]);
-      s.layer = x.index(c[1], L, "layer");
-      s.head = x.index(c[2], H, "head");
-      s.matrix = x.at(c[3]);
-      s.sigma = x.number(c[4]);
-      r.spectral.push_back(s);
-    }
-  });
-  optional_csv(dir, "attn_stats.csv", r.attn_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "layer", "head", "stat", "value"});
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      AttnRow a;
-      a.step = x.step(c[0]);
-      a.layer = x.index(c[1], L, "layer");
-      a.head = x.index(c[2], H, "head");
-      a.stat = x.at(c[3]);
-      a.value = x.number(c[4]);
-      r.attn.push_back(a);
-    }
-  });
+  using Cols = std::vector<int>;
+  // A hook CSV into `rows` (hook_rows: its columns `names`, fill sets the row's own fields).
+  const auto hook_csv = [&](const char* file, auto& rows, FileState& state, const std::vector<std::string>& names,
+                            auto fill) {
+    optional_csv(dir, file, state, r,
+                 [&](const CsvTable& t, const std::string& p) { hook_rows(rows, t, p, names, L, H, fill); });
+  };
+  hook_csv("spectral.csv", r.spectral, r.spectral_state, {"step", "layer", "head", "matrix", "sigma"},
+           [](const RowCtx& x, const Cols& c, SpectralRow& s) {
+             s.matrix = x.at(c[3]);
+             s.sigma = x.number(c[4]);
+           });
+  hook_csv("attn_stats.csv", r.attn, r.attn_state, {"step", "layer", "head", "stat", "value"},
+           [](const RowCtx& x, const Cols& c, AttnRow& a) {
+             a.stat = x.at(c[3]);
+             a.value = x.number(c[4]);
+           });
   optional_csv(dir, "delta_drift.csv", r.drift_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "layer", "head", "delta_drift_cum"});
     const int cd = t.col("delta_drift"), ca = t.col("delta_abs_err"), cn = t.col("dwq_err_norm"),
               cr = t.col("dwq_rel_err"), cc = t.col("dwq_cos_prev");
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      DriftRow d;
-      d.step = x.step(c[0]);
-      d.layer = x.index(c[1], L, "layer");
-      d.head = x.index(c[2], H, "head");
-      d.cum = x.number(c[3]);
-      d.drift = x.number(cd);
-      d.abs_err = x.number(ca);
-      d.dwq_err_norm = x.number(cn);
-      d.dwq_rel_err = x.number(cr);
-      d.cos_prev = x.number(cc);
-      r.drift.push_back(d);
-    }
+    hook_rows(r.drift, t, p, {"step", "layer", "head", "delta_drift_cum"}, L, H,
+              [&](const RowCtx& x, const Cols& c, DriftRow& d) {
+                d.cum = x.number(c[3]);
+                d.drift = x.number(cd);
+                d.abs_err = x.number(ca);
+                d.dwq_err_norm = x.number(cn);
+                d.dwq_rel_err = x.number(cr);
+                d.cos_prev = x.number(cc);
+              });
   });
-  optional_csv(dir, "grad_norms.csv", r.grad_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "tensor", "layer", "head", "norm"});
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      GradRow g;
-      g.step = x.step(c[0]);
-      g.tensor = x.at(c[1]);
-      g.layer = x.index(c[2], L, "layer");
-      g.head = x.index(c[3], H, "head");
-      g.norm = x.number(c[4]);
-      r.grad.push_back(g);
-    }
-  });
-  optional_csv(dir, "wasserstein.csv", r.wasserstein_state, r, [&](const CsvTable& t, const std::string& p) {
-    const auto c = need_cols(t, p, {"step", "tensor", "layer", "head", "w1", "w1_normalized", "max_abs_diff"});
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const RowCtx x{p, t, i};
-      DistRow d;
-      d.step = x.step(c[0]);
-      d.tensor = x.at(c[1]);
-      d.layer = x.index(c[2], L, "layer");
-      d.head = x.index(c[3], H, "head");
-      d.w1 = x.number(c[4]);
-      d.w1_normalized = x.number(c[5]);
-      d.max_abs_diff = x.number(c[6]);
-      r.wasserstein.push_back(d);
-    }
-  });
+  hook_csv("grad_norms.csv", r.grad, r.grad_state, {"step", "tensor", "layer", "head", "norm"},
+           [](const RowCtx& x, const Cols& c, GradRow& g) {
+             g.tensor = x.at(c[1]);
+             g.norm = x.number(c[4]);
+           });
+  hook_csv("wasserstein.csv", r.wasserstein, r.wasserstein_state,
+           {"step", "tensor", "layer", "head", "w1", "w1_normalized", "max_abs_diff"},
+           [](const RowCtx& x, const Cols& c, DistRow& d) {
+             d.tensor = x.at(c[1]);
+             d.w1 = x.number(c[4]);
+             d.w1_normalized = x.number(c[5]);
+             d.max_abs_diff = x.number(c[6]);
+           });
   return r;
 }
 

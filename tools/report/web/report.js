@@ -1,5 +1,5 @@
 // The stability report's page: draws the JSON document in <script id="report-data"> with
-// uPlot (inlined before this script). Written by tools/report/html_report.cpp; its keys:
+// uPlot and the stateless helpers of report_kit.js (both inlined before this script). Written by tools/report/html_report.cpp; its keys:
 //   version, generated, refresh_s (> 0: reload every refresh_s s, keeping the settings),
 //   reference (index into runs), distance_notes[],
 //   runs[]: name, dir, shape, config{key: text}, notes[], checkpoints,
@@ -31,65 +31,8 @@
   }
   window.addEventListener('error', (e) => showError(String(e.message)));
 
-  // ------------------------------------------------------------------ helpers
-  function el(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === 'class') e.className = v;
-      else if (k === 'html') e.innerHTML = v;
-      else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
-      else e.setAttribute(k, v);
-    }
-    for (const k of kids) if (k != null) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
-    return e;
-  }
-  function fmt(v, digits) {
-    if (v == null || !isFinite(v)) return '–';
-    if (v === 0) return '0';
-    const a = Math.abs(v);
-    if (a >= 1e5 || a < 1e-3) return v.toExponential((digits || 4) - 1).replace('e+', 'e');
-    return String(Number(v.toPrecision(digits || 4)));
-  }
-  // Okabe-Ito, then Tol's muted: distinguishable for colour-blind readers.
-  const PALETTE = ['#0072B2', '#D55E00', '#009E73', '#CC79A7', '#E69F00', '#56B4E9', '#000000', '#999933',
-    '#882255', '#44AA99', '#AA4499', '#332288'];
-  const color = (i) => PALETTE[i % PALETTE.length];
-  function alpha(hex, a) {
-    const n = parseInt(hex.slice(1), 16);
-    return 'rgba(' + (n >> 16) + ',' + ((n >> 8) & 255) + ',' + (n & 255) + ',' + a + ')';
-  }
-  const layerName = (l) => (l < 0 ? 'embeddings' : 'L' + l);
-  // Steps are whole numbers: ticks at 1, 2, 5 x 10^k.
-  const STEP_INCRS = [];
-  for (let m = 1; m <= 1e9; m *= 10) STEP_INCRS.push(m, 2 * m, 5 * m);
-
-  // Series with their own x values -> uPlot's [xs, ys...] on the union of the x values.
-  function align(list) {
-    const xsSet = new Set();
-    for (const s of list) for (const x of s.x) xsSet.add(x);
-    const xs = Array.from(xsSet).sort((a, b) => a - b);
-    const at = new Map(xs.map((x, i) => [x, i]));
-    const out = [xs];
-    for (const s of list) {
-      const y = new Array(xs.length).fill(null);
-      for (let i = 0; i < s.x.length; ++i) y[at.get(s.x[i])] = s.y[i];
-      out.push(y);
-    }
-    return out;
-  }
-  // Centred moving average over w points, ignoring gaps; the ends use shorter windows.
-  function smooth(y, w) {
-    if (w <= 1) return y;
-    const h = Math.floor(w / 2), out = new Array(y.length);
-    for (let i = 0; i < y.length; ++i) {
-      let s = 0, n = 0;
-      for (let k = Math.max(0, i - h); k <= Math.min(y.length - 1, i + h); ++k)
-        if (y[k] != null && isFinite(y[k])) { s += y[k]; ++n; }
-      out[i] = n ? s / n : null;
-    }
-    return out;
-  }
-  const positive = (y) => y.map((v) => (v != null && v > 0 ? v : null));
+  // ------------------------------------------------------------------ helpers (report_kit.js)
+  const { el, fmt, color, alpha, layerName, STEP_INCRS, align, smooth, positive, markerPlugin, zeroLinePlugin } = reportKit;
 
   // ------------------------------------------------------------------ state
   const D = JSON.parse(document.getElementById('report-data').textContent);
@@ -134,49 +77,6 @@
       if (xs.length) c.u.setScale('x', { min: xs[0], max: xs[xs.length - 1] });
     }
     syncing = false;
-  }
-
-  // Vertical markers (spikes) drawn under the series: [{x, color, text}].
-  function markerPlugin(marks) {
-    return {
-      hooks: {
-        drawClear: (u) => {
-          const ctx = u.ctx;
-          ctx.save();
-          ctx.lineWidth = 1.5 * devicePixelRatio;
-          ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
-          for (const m of marks) {
-            const x = u.valToPos(m.x, 'x', true);
-            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
-            ctx.strokeStyle = alpha(m.color, 0.7);
-            ctx.beginPath();
-            ctx.moveTo(x, u.bbox.top);
-            ctx.lineTo(x, u.bbox.top + u.bbox.height);
-            ctx.stroke();
-          }
-          ctx.restore();
-        },
-      },
-    };
-  }
-  function zeroLinePlugin() {
-    return {
-      hooks: {
-        drawClear: (u) => {
-          const y = u.valToPos(0, 'y', true);
-          if (!(y >= u.bbox.top && y <= u.bbox.top + u.bbox.height)) return;
-          const ctx = u.ctx;
-          ctx.save();
-          ctx.strokeStyle = '#9aa1ad';
-          ctx.lineWidth = devicePixelRatio;
-          ctx.beginPath();
-          ctx.moveTo(u.bbox.left, y);
-          ctx.lineTo(u.bbox.left + u.bbox.width, y);
-          ctx.stroke();
-          ctx.restore();
-        },
-      },
-    };
   }
 
   // A panel: title, subtitle, a uPlot chart. spec: {id, title, sub, width, height, series:
@@ -496,41 +396,43 @@
   }
 
   // ------------------------------------------------------------------ 3. spectral norms
-  const MATRIX_TEXT = { wq: 'W_Q per head', wk: 'W_K per head', wv: 'W_V per head', wo: 'W_O per head',
-    qkvw: 'qkvw (fused QKV)', attprojw: 'attprojw', fcw: 'fcw (MLP in)', fcprojw: 'fcprojw (MLP out)', wte: 'wte', wpe: 'wpe' };
-  function bySelection(s, id, key, label, options, rowsFor, opts) {
+  // A select of one value of `field` (spectral: m, attn: s, drift: f) in the runs' `key`
+  // rows (spectral, attn, drift: also the file's note and the select's key), and its panels.
+  // Options: the values of `known` (value -> text) found, in its order, then any other value
+  // found as is; `group` maps a value onto the option that draws it (wpe is drawn with wte).
+  function bySelection(s, key, field, label, known, rowOf, opts, group) {
+    const as = group || ((v) => v);
+    runNotes(s, R.map((r, i) => [i, r.files[key].note]));
+    const found = new Set();
+    R.forEach((r) => r[key].forEach((x) => found.add(as(x[field]))));
+    const isKnown = (v) => Object.prototype.hasOwnProperty.call(known, v);
+    const options = Object.keys(known).filter((v) => found.has(v)).map((v) => [v, known[v]]);
+    for (const v of found) if (!isKnown(v)) options.push([v, v]);
     if (!options.length) return;
     const ctl = el('div', { class: 'controls' });
     const body = el('div');
     s.append(ctl, body);
     const draw = (v) => {
       destroyIn(body);
-      const rows = rowsFor(v);
+      const rows = [];
+      R.forEach((r, i) => r[key].forEach((x) => { if (as(x[field]) === v) rows.push(rowOf(x, i)); }));
       if (!rows.length) { note(body, 'no data for ' + v); return; }
-      smallMultiples(body, id + ':' + v, rows, typeof opts === 'function' ? opts(v) : opts);
+      smallMultiples(body, s.id + ':' + v, rows, typeof opts === 'function' ? opts(v) : opts);
     };
     draw(select(ctl, key, label, options, draw));
   }
+  const headRow = (x, i) => ({ run: i, l: x.l, h: x.h, x: x.x, y: x.y });
   {
     const s = section('spectral', 'Spectral norms',
       'Largest singular value σ of each weight slice on the hook steps (<code>spectral.csv</code>, FP32 master ' +
       'weights after the step\'s update). Per-head matrices: a line per head in its run\'s colour; per-layer ' +
       'matrices: a line per run. One panel per layer, one log scale shared by all panels and runs; the readout ' +
       'gives each run\'s largest and smallest head at the hovered step.');
-    const mats = new Set();
-    runNotes(s, R.map((r, i) => [i, r.files.spectral.note]));
-    R.forEach((r) => r.spectral.forEach((x) => mats.add(x.m)));
-    const order = ['wq', 'wk', 'wv', 'wo', 'qkvw', 'attprojw', 'fcw', 'fcprojw', 'wte'];
-    const options = order.filter((m) => mats.has(m) || (m === 'wte' && mats.has('wpe'))).map((m) => [m, m === 'wte' ? 'wte, wpe (embeddings)' : MATRIX_TEXT[m]]);
-    for (const m of mats) if (!order.includes(m) && m !== 'wpe') options.push([m, m]);
-    bySelection(s, 'spectral', 'spectral', 'matrix', options, (m) => {
-      const rows = [];
-      R.forEach((r, i) => r.spectral.forEach((x) => {
-        if (m === 'wte' ? (x.m === 'wte' || x.m === 'wpe') : x.m === m)
-          rows.push({ run: i, l: x.l, h: x.h, x: x.x, y: x.y, tag: x.l < 0 ? x.m : '', dash: x.m === 'wpe' ? [5, 3] : undefined });
-      }));
-      return rows;
-    }, { ylog: true, points: true });
+    const TEXT = { wq: 'W_Q per head', wk: 'W_K per head', wv: 'W_V per head', wo: 'W_O per head', qkvw: 'qkvw (fused QKV)',
+      attprojw: 'attprojw', fcw: 'fcw (MLP in)', fcprojw: 'fcprojw (MLP out)', wte: 'wte, wpe (embeddings)' };
+    bySelection(s, 'spectral', 'm', 'matrix', TEXT,
+      (x, i) => ({ run: i, l: x.l, h: x.h, x: x.x, y: x.y, tag: x.l < 0 ? x.m : '', dash: x.m === 'wpe' ? [5, 3] : undefined }),
+      { ylog: true, points: true }, (m) => (m === 'wpe' ? 'wte' : m));
   }
 
   // ------------------------------------------------------------------ 4. attention statistics
@@ -541,18 +443,9 @@
       'inside one key tile, the counts of normalised P = 1 (one definition for every backend) and of unnormalised ' +
       'exponentials P~ = 1 (per key tile for flash), and the mean row entropy. One panel per layer, a line per ' +
       'head in its run\'s colour, one scale shared by all panels and runs.');
-    const stats = new Set();
-    runNotes(s, R.map((r, i) => [i, r.files.attn.note]));
-    R.forEach((r) => r.attn.forEach((x) => stats.add(x.s)));
     const TEXT = { max_logit: 'max logit', tied_row_frac: 'tied rows (fraction)', tied_in_tile_frac: 'tied in a tile (fraction)',
       p_one: 'P = 1 entries', p_tilde_one: 'P~ = 1 entries', entropy: 'entropy (nats)' };
-    const options = Object.keys(TEXT).filter((k) => stats.has(k)).map((k) => [k, TEXT[k]]);
-    for (const k of stats) if (!TEXT[k]) options.push([k, k]);
-    bySelection(s, 'attention', 'attn', 'statistic', options, (st) => {
-      const rows = [];
-      R.forEach((r, i) => r.attn.forEach((x) => { if (x.s === st) rows.push({ run: i, l: x.l, h: x.h, x: x.x, y: x.y }); }));
-      return rows;
-    }, { points: true });
+    bySelection(s, 'attn', 's', 'statistic', TEXT, headRow, { points: true });
   }
 
   // ------------------------------------------------------------------ 5. delta drift
@@ -564,17 +457,10 @@
       'is one-signed and grows steadily, unbiased noise wanders around zero. <code>dwq_rel_err</code>: the ' +
       'relative error of the head\'s W<sub>Q</sub> gradient; <code>dwq_cos_prev</code>: cosine between consecutive ' +
       'hook steps\' error directions (near 1: the error keeps pushing the same way).');
-    const fields = new Set();
-    runNotes(s, R.map((r, i) => [i, r.files.drift.note]));
-    R.forEach((r) => r.drift.forEach((x) => fields.add(x.f)));
     const TEXT = { delta_drift_cum: 'running sum of the δ error', delta_drift: 'δ error per hook step',
       dwq_rel_err: 'relative W_Q gradient error', dwq_cos_prev: 'cosine with the previous error direction' };
-    const options = Object.keys(TEXT).filter((k) => fields.has(k)).map((k) => [k, TEXT[k]]);
-    bySelection(s, 'drift', 'drift', 'quantity', options, (f) => {
-      const rows = [];
-      R.forEach((r, i) => r.drift.forEach((x) => { if (x.f === f) rows.push({ run: i, l: x.l, h: x.h, x: x.x, y: x.y }); }));
-      return rows;
-    }, (f) => ({ points: true, zero: f !== 'dwq_rel_err', ylog: f === 'dwq_rel_err' }));
+    bySelection(s, 'drift', 'f', 'quantity', TEXT, headRow,
+      (f) => ({ points: true, zero: f !== 'dwq_rel_err', ylog: f === 'dwq_rel_err' }));
   }
 
   // ------------------------------------------------------------------ 6. weight distance
