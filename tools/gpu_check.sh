@@ -55,7 +55,7 @@
 # One { } block: bash reads it whole before running it, so editing this file while it runs
 # (a long build) cannot change what runs; the files it sources are read at its start too.
 {
-set -euo pipefail
+set -Eeuo pipefail  # -E: the ERR trap below fires in the stage functions too
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$(pwd)"
