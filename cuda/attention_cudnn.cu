@@ -711,7 +711,8 @@ void check_gpu(const Tensor& t, DType dtype, const char* what, size_t align) {
 
 class CudnnAttention : public Attention {
  public:
-  CudnnAttention(CudaBackend& be, const AttentionConfig& cfg) : be_(be), cfg_(cfg) {
+  CudnnAttention(CudaBackend& be, const AttentionConfig& cfg)
+      : Attention(cfg.collect_stats), be_(be), cfg_(cfg) {
     ST_CHECK(cfg.kind == AttentionKind::Cudnn, "make_attention_cuda_cudnn: attention kind ",
              attention_kind_name(cfg.kind));
     check_config(cfg);
@@ -725,11 +726,6 @@ class CudnnAttention : public Attention {
   }
 
   std::string name() const override { return "cudnn"; }
-  const std::vector<AttentionHeadStats>& stats() const override { return stats_; }
-  void set_collect_stats(bool on) override {
-    cfg_.collect_stats = on;
-    if (!on) stats_.clear();
-  }
 
   void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
                DType fmt) override {
@@ -757,7 +753,7 @@ class CudnnAttention : public Attention {
                                     be_.stream()));
     B_ = s.B, T_ = s.T, NH_ = n_head, fmt_ = fmt;
     have_forward_ = true;
-    if (cfg_.collect_stats) collect_stats(qkv, lse, s, fmt);
+    if (collect_stats_) collect_stats(qkv, lse, s, fmt);
   }
 
   void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -957,7 +953,6 @@ class CudnnAttention : public Attention {
   const Plan* last_fwd_ = nullptr;
   const Plan* last_bwd_ = nullptr;
   Tensor rowstats_, lse_buf_;
-  std::vector<AttentionHeadStats> stats_;
 };
 
 const CudnnAttention& cudnn_of(const Attention& attn) {
