@@ -5,8 +5,10 @@
 // stream. The backend's memory, copies and factories: cuda/cuda_backend.cu.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
+#include "backends/backend_checks.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
@@ -34,19 +36,11 @@ void check_disjoint(const Tensor& a, const Tensor& b, const char* what) {
            " (this kernel cannot run in place)");
 }
 
-int to_int(int64_t v, const char* what) {
-  ST_CHECK(v >= 0 && v <= INT32_MAX, what, " = ", v, " does not fit in int");
-  return static_cast<int>(v);
-}
-
 void check_tokens(const Tensor& tokens, int64_t B, int64_t T, int64_t vocab_rows) {
   check_shape(tokens, {B, T}, "tokens");
   ST_CHECK(tokens.device() == Device::CPU && tokens.dtype() == DType::I32,
            "tokens must be int32 on the host, got ", tokens.desc());
-  const int32_t* tk = static_cast<const int32_t*>(tokens.raw());
-  for (int64_t i = 0; i < B * T; ++i)
-    ST_CHECK(tk[i] >= 0 && tk[i] < vocab_rows, "token id ", tk[i], " at position ", i,
-             " is outside the embedding table of ", vocab_rows, " rows");
+  check_token_ids(tokens, vocab_rows);
 }
 
 }  // namespace
@@ -117,12 +111,7 @@ std::pair<int, int> check_layernorm_forward(const Tensor& out, const Tensor& mea
                                             const Tensor& weight, const Tensor& bias, DType s) {
   ST_CHECK(inp.defined() && inp.ndim() >= 1 && inp.dim(-1) > 0, "layernorm_forward: inp ",
            inp.desc());
-  const int64_t C = inp.dim(-1), N = inp.numel() / C;
-  check_same(out, inp, "layernorm out vs inp");
-  check_shape(weight, {C}, "layernorm weight");
-  check_shape(bias, {C}, "layernorm bias");
-  ST_CHECK(mean.numel() == N && rstd.numel() == N, "layernorm: mean/rstd need ", N,
-           " elements, got ", mean.desc(), ", ", rstd.desc());
+  const auto [N, C] = check_layernorm_shapes(out, mean, rstd, inp, weight, bias);
   check_operand(out, s, "layernorm_forward: out");
   check_operand(inp, s, "layernorm_forward: inp");
   check_operand(weight, s, "layernorm_forward: weight");
