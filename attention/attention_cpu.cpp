@@ -36,14 +36,9 @@ void scatter(S* dst_base, size_t row_stride, int b, int h, int T, int hs, size_t
 class AttentionCpu : public Attention {
  public:
   AttentionCpu(const AttentionConfig& cfg, AttentionCpuPath path)
-      : cfg_(cfg), force_lab_(path == AttentionCpuPath::Lab) {}
+      : Attention(cfg.collect_stats), cfg_(cfg), force_lab_(path == AttentionCpuPath::Lab) {}
   std::string name() const override { return attention_kind_name(cfg_.kind); }
   std::string implementation() const override { return fast_ ? "fast" : "lab"; }
-  const std::vector<AttentionHeadStats>& stats() const override { return stats_; }
-  void set_collect_stats(bool on) override {
-    cfg_.collect_stats = on;
-    if (!on) stats_.clear();
-  }
 
   void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
                DType fmt) override {
@@ -74,7 +69,7 @@ class AttentionCpu : public Attention {
 
  private:
   bool fast_applies(int NH, DType fmt) const {
-    return !force_lab_ && !cfg_.collect_stats && head_fast_layer(cfg_, fmt, NH).eligible;
+    return !force_lab_ && !collect_stats_ && head_fast_layer(cfg_, fmt, NH).eligible;
   }
 
   // Per (batch, head): q, k and v gathered into (T, hs) rows rounded to format f.
@@ -189,12 +184,12 @@ class AttentionCpu : public Attention {
         gather(src, b, h, T, C, hs, 2, v.data());
         HeadForward& fw = saved_[bh];
         head_forward(cfg_, cfg_.numerics(fmt, h), T, hs, q.data(), k.data(), v.data(), fw,
-                     cfg_.collect_stats);
+                     collect_stats_);
         scatter(o, static_cast<size_t>(C), b, h, T, hs, 0, fw.o.data());
         for (int t = 0; t < T; ++t) l[static_cast<size_t>(bh) * T + t] = static_cast<S>(fw.lse[t]);
       }
     }
-    if (cfg_.collect_stats) {
+    if (collect_stats_) {
       stats_.assign(NH, AttentionHeadStats{});
       for (int bh = 0; bh < B * NH; ++bh) {  // merged in a fixed order
         stats_[bh % NH].merge(saved_[bh].stats);
@@ -240,7 +235,6 @@ class AttentionCpu : public Attention {
   bool force_lab_;
   std::vector<HeadForward> saved_;  // (B * NH) forward results of the last call (lab)
   std::vector<float> fo_, fo32_, flse_, fP_;  // the same for the fast path
-  std::vector<AttentionHeadStats> stats_;
 };
 
 }  // namespace

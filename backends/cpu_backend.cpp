@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "attention/attention_cpu.h"
+#include "backends/backend_checks.h"
 #include "backends/backends.h"
 #include "backends/cpu_threads.h"
 #include "layers/cpu_kernels.h"
@@ -27,11 +28,6 @@ void dispatch(const Tensor& t, const char* op, F&& f) {
 template <class T>
 T* ptr(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
-}
-
-int to_int(int64_t v, const char* what) {
-  ST_CHECK(v >= 0 && v <= INT32_MAX, what, " = ", v, " does not fit in int");
-  return static_cast<int>(v);
 }
 
 class CpuBackend : public Backend {
@@ -114,12 +110,9 @@ class CpuBackend : public Backend {
   void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                          const Tensor& inp, const Tensor& weight, const Tensor& bias,
                          DType fmt) override {
-    const int64_t C = inp.dim(-1), N = inp.numel() / C;
-    check_same(out, inp, "layernorm out vs inp");
-    check_shape(weight, {C}, "layernorm weight");
-    check_shape(bias, {C}, "layernorm bias");
-    ST_CHECK(mean.numel() == N && rstd.numel() == N, "layernorm: mean/rstd need ", N,
-             " elements, got ", mean.desc(), ", ", rstd.desc());
+    const std::pair<int64_t, int64_t> nc =
+        check_layernorm_shapes(out, mean, rstd, inp, weight, bias);
+    const int64_t N = nc.first, C = nc.second;
     dispatch(inp, "layernorm_forward", [&](auto z) {
       using S = decltype(z);
       cpu::layernorm_forward(ptr<S>(out), ptr<S>(mean), ptr<S>(rstd), ptr<S>(inp),
@@ -288,10 +281,7 @@ class CpuBackend : public Backend {
   static void check_tokens(const Tensor& tokens, int64_t B, int64_t T, int64_t vocab_rows) {
     check_shape(tokens, {B, T}, "tokens");
     ST_CHECK(tokens.device() == Device::CPU, "tokens must be on the host");
-    const int32_t* tk = static_cast<const int32_t*>(tokens.raw());
-    for (int64_t i = 0; i < B * T; ++i)
-      ST_CHECK(tk[i] >= 0 && tk[i] < vocab_rows, "token id ", tk[i], " at position ", i,
-               " is outside the embedding table of ", vocab_rows, " rows");
+    check_token_ids(tokens, vocab_rows);
   }
 };
 

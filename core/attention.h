@@ -69,7 +69,8 @@ struct AttentionConfig {
   TieShift tie_shift = TieShift::Beta;
   FlashKernel cuda_kernel = FlashKernel::MmaSync;  // CUDA only
   std::vector<int> fp32_out_heads;  // heads of this layer whose stored O is FP32
-  bool collect_stats = false;       // fill Attention::stats() in forward
+  bool collect_stats = false;       // fill Attention::stats() in forward (the start value;
+                                    // Attention::set_collect_stats changes it)
 
   AttnNumerics numerics(DType compute, int head) const;  // resolved for one head
 };
@@ -124,17 +125,25 @@ class Attention {
   // dqkv is overwritten. out and lse are the forward's results for the same qkv.
   virtual void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                         const Tensor& out, const Tensor& lse, int n_head, DType fmt) = 0;
-  // Turns statistics collection in forward on or off (AttentionConfig::collect_stats).
-  // Backends without statistics keep stats() empty.
-  virtual void set_collect_stats(bool on) {}
+  // Turns statistics collection in forward on or off (it starts as
+  // AttentionConfig::collect_stats); off drops the last statistics. Backends without
+  // statistics never fill stats_, so their stats() stays empty.
+  void set_collect_stats(bool on) {
+    collect_stats_ = on;
+    if (!on) stats_.clear();
+  }
   // Which implementation ran the last forward, where a backend has more than one (the CPU:
   // "fast" or "lab", attention/attention_cpu.h); empty otherwise.
   virtual std::string implementation() const { return ""; }
   // Statistics of the last forward, one entry per head (empty unless collect_stats).
-  virtual const std::vector<AttentionHeadStats>& stats() const {
-    static const std::vector<AttentionHeadStats> none;
-    return none;
-  }
+  const std::vector<AttentionHeadStats>& stats() const { return stats_; }
+
+ protected:
+  Attention() = default;
+  explicit Attention(bool collect_stats) : collect_stats_(collect_stats) {}
+  // The backends' forward reads collect_stats_ and fills stats_ (one entry per head).
+  bool collect_stats_ = false;
+  std::vector<AttentionHeadStats> stats_;
 };
 
 }  // namespace st

@@ -174,16 +174,12 @@ int to_int(int64_t v, const char* what) {
 
 class AttentionCudaBaseline final : public Attention {
  public:
-  AttentionCudaBaseline(CudaBackend& be, const AttentionConfig& cfg) : be_(be), cfg_(cfg) {
+  AttentionCudaBaseline(CudaBackend& be, const AttentionConfig& cfg)
+      : Attention(cfg.collect_stats), be_(be), cfg_(cfg) {
     check_config(cfg_);
   }
 
   std::string name() const override { return attention_kind_name(cfg_.kind); }
-  const std::vector<AttentionHeadStats>& stats() const override { return stats_; }
-  void set_collect_stats(bool on) override {
-    cfg_.collect_stats = on;
-    if (!on) stats_.clear();
-  }
 
   void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
                DType fmt) override {
@@ -194,7 +190,7 @@ class AttentionCudaBaseline final : public Attention {
     check_shape(lse, {d.B, n_head, d.T}, "attention lse");
     check_numerics(cfg_, fmt, n_head);
     B_ = d.B, T_ = d.T, NH_ = d.NH, fmt_ = fmt;
-    if (cfg_.collect_stats) stats_.assign(d.NH, AttentionHeadStats{});
+    if (collect_stats_) stats_.assign(d.NH, AttentionHeadStats{});
     const int64_t rows = d.BH * d.T;
     if (rows == 0) {
       P_ = Tensor();
@@ -221,7 +217,7 @@ class AttentionCudaBaseline final : public Attention {
 
     cudak::SoftmaxRowStats st;
     Tensor st_buf;
-    if (cfg_.collect_stats) {  // doubles first (8-byte aligned), then float, int, int, int
+    if (collect_stats_) {  // doubles first (8-byte aligned), then float, int, int, int
       st_buf = be_.alloc({6 * rows}, DType::F32);
       float* base = static_cast<float*>(st_buf.raw());
       st.entropy = reinterpret_cast<double*>(base);
@@ -240,7 +236,7 @@ class AttentionCudaBaseline final : public Attention {
               {P_.raw(), d.Tp, ss}, o.raw(), d.hsp, sq, 1.0f);
     cudak::attn_merge_heads(out.raw(), o.raw(), d.B, d.T, d.NH, d.hs, d.hsp, d.C, 0, d.f, stream);
 
-    if (cfg_.collect_stats) merge_stats(st_buf, d);
+    if (collect_stats_) merge_stats(st_buf, d);
   }
 
   void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -357,7 +353,6 @@ class AttentionCudaBaseline final : public Attention {
 
   CudaBackend& be_;
   AttentionConfig cfg_;
-  std::vector<AttentionHeadStats> stats_;
   Tensor P_;  // (BH, T, Tp) in f: the last forward's probabilities
   int64_t B_ = -1, T_ = -1;
   int NH_ = -1;

@@ -40,11 +40,12 @@ __device__ __forceinline__ float row_exp(float s, float mx) {
 
 // ---- head permutes (one thread per element, grid-stride, coalesced on the packed side)
 
-// dst (BH, T, ld) <- the columns [col0 + h*hs, col0 + (h+1)*hs) of the rows of a packed
-// (B, T, row_stride) tensor.
-template <class T>
-__global__ void split_heads_kernel(T* dst, const T* src, int B, int Tn, int NH, int hs, int64_t ld,
-                                   int64_t row_stride, int64_t col0) {
+// The packed (B, T, row_stride) tensor's columns [col0 + h*hs, col0 + (h+1)*hs) and the
+// per-head (BH, T, ld) layout: split (MERGE false) copies the packed rows into the heads,
+// merge (MERGE true) the heads back into the packed columns [col0, col0 + C).
+template <class T, bool MERGE>
+__global__ void permute_heads_kernel(T* dst, const T* src, int B, int Tn, int NH, int hs,
+                                     int64_t ld, int64_t row_stride, int64_t col0) {
   const int64_t C = static_cast<int64_t>(NH) * hs;
   const int64_t n = static_cast<int64_t>(B) * Tn * C;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -52,22 +53,11 @@ __global__ void split_heads_kernel(T* dst, const T* src, int B, int Tn, int NH, 
     const int64_t bt = i / C, c = i - bt * C;
     const int64_t h = c / hs, j = c - h * hs;
     const int64_t b = bt / Tn, t = bt - b * Tn;
-    dst[((b * NH + h) * Tn + t) * ld + j] = src[bt * row_stride + col0 + c];
-  }
-}
-
-// The inverse: the packed (B, T, row_stride) tensor's columns [col0, col0 + C) <- src.
-template <class T>
-__global__ void merge_heads_kernel(T* dst, const T* src, int B, int Tn, int NH, int hs, int64_t ld,
-                                   int64_t row_stride, int64_t col0) {
-  const int64_t C = static_cast<int64_t>(NH) * hs;
-  const int64_t n = static_cast<int64_t>(B) * Tn * C;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const int64_t bt = i / C, c = i - bt * C;
-    const int64_t h = c / hs, j = c - h * hs;
-    const int64_t b = bt / Tn, t = bt - b * Tn;
-    dst[bt * row_stride + col0 + c] = src[((b * NH + h) * Tn + t) * ld + j];
+    const int64_t packed = bt * row_stride + col0 + c, head = ((b * NH + h) * Tn + t) * ld + j;
+    if (MERGE)
+      dst[packed] = src[head];
+    else
+      dst[head] = src[packed];
   }
 }
 
@@ -218,28 +208,29 @@ unsigned copy_grid(int64_t n) {
   return grid_for(static_cast<size_t>(n), kCopyThreads);
 }
 
+template <bool MERGE>
+void permute_heads(void* dst, const void* src, int B, int Tn, int NH, int hs, int64_t ld,
+                   int64_t row_stride, int64_t col0, DType dtype, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(B) * Tn * NH * hs;
+  dispatch_storage(dtype, MERGE ? "attention merge_heads" : "attention split_heads",
+                   [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch(permute_heads_kernel<T, MERGE>, copy_grid(n), kCopyThreads, 0, stream,
+           static_cast<T*>(dst), static_cast<const T*>(src), B, Tn, NH, hs, ld, row_stride, col0);
+    ST_CUDA_CHECK_LAUNCH(MERGE ? "merge_heads_kernel" : "split_heads_kernel");
+  });
+}
+
 }  // namespace
 
 void attn_split_heads(void* dst, const void* src, int B, int Tn, int NH, int hs, int64_t ld,
                       int64_t row_stride, int64_t col0, DType dtype, cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(B) * Tn * NH * hs;
-  dispatch_storage(dtype, "attention split_heads", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch(split_heads_kernel<T>, copy_grid(n), kCopyThreads, 0, stream, static_cast<T*>(dst),
-           static_cast<const T*>(src), B, Tn, NH, hs, ld, row_stride, col0);
-    ST_CUDA_CHECK_LAUNCH("split_heads_kernel");
-  });
+  permute_heads<false>(dst, src, B, Tn, NH, hs, ld, row_stride, col0, dtype, stream);
 }
 
 void attn_merge_heads(void* dst, const void* src, int B, int Tn, int NH, int hs, int64_t ld,
                       int64_t row_stride, int64_t col0, DType dtype, cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(B) * Tn * NH * hs;
-  dispatch_storage(dtype, "attention merge_heads", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch(merge_heads_kernel<T>, copy_grid(n), kCopyThreads, 0, stream, static_cast<T*>(dst),
-           static_cast<const T*>(src), B, Tn, NH, hs, ld, row_stride, col0);
-    ST_CUDA_CHECK_LAUNCH("merge_heads_kernel");
-  });
+  permute_heads<true>(dst, src, B, Tn, NH, hs, ld, row_stride, col0, dtype, stream);
 }
 
 void softmax_forward(void* SP, float* lse, int64_t rows, int Tn, int64_t ld, bool causal,

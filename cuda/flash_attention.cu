@@ -49,7 +49,8 @@ void check_gpu(const Tensor& t, DType dtype, const char* what, size_t align = 16
 
 class FlashAttentionCuda : public Attention {
  public:
-  FlashAttentionCuda(CudaBackend& be, const AttentionConfig& cfg) : be_(be), cfg_(cfg) {
+  FlashAttentionCuda(CudaBackend& be, const AttentionConfig& cfg)
+      : Attention(cfg.collect_stats), be_(be), cfg_(cfg) {
     ST_CHECK(cfg.kind == AttentionKind::Flash || cfg.kind == AttentionKind::StabilizedFlash,
              "make_attention_cuda_flash: attention kind ", attention_kind_name(cfg.kind));
     if (cfg.block_q == 0 || cfg.block_k == 0)
@@ -106,11 +107,6 @@ class FlashAttentionCuda : public Attention {
   }
 
   std::string name() const override { return attention_kind_name(cfg_.kind); }
-  const std::vector<AttentionHeadStats>& stats() const override { return stats_; }
-  void set_collect_stats(bool on) override {
-    cfg_.collect_stats = on;
-    if (!on) stats_.clear();
-  }
 
   void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
                DType fmt) override {
@@ -131,12 +127,12 @@ class FlashAttentionCuda : public Attention {
     b.out = out.raw();
     b.lse = static_cast<float*>(lse.raw());
     b.saved = o_saved_.defined() ? o_saved_.raw() : nullptr;
-    b.p_tilde_one = cfg_.collect_stats ? static_cast<int32_t*>(ptilde_.raw()) : nullptr;
+    b.p_tilde_one = collect_stats_ ? static_cast<int32_t*>(ptilde_.raw()) : nullptr;
     flash::run_forward(cfg_, n, fmt, call_dims(d), b, be_.stream());
     B_ = d.B, T_ = d.T, NH_ = n_head, fmt_ = fmt;
     fwd_delta_ = n.delta;
     have_forward_ = true;
-    if (cfg_.collect_stats) collect_stats(qkv, lse, d, n);
+    if (collect_stats_) collect_stats(qkv, lse, d, n);
   }
 
   void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -220,7 +216,7 @@ class FlashAttentionCuda : public Attention {
     } else {
       o_saved_ = Tensor();
     }
-    if (cfg_.collect_stats) {
+    if (collect_stats_) {
       if (!ptilde_.defined() || ptilde_.numel() != rows) {
         ptilde_ = be_.alloc({rows}, DType::I32);
         rowstats_ = be_.alloc({rows * 4}, DType::F32);  // 16-byte flash::RowStats per row
@@ -274,7 +270,6 @@ class FlashAttentionCuda : public Attention {
   Tensor o_saved_;   // o_fp32: (B, T, C) FP32; o_split: (B, T, C) residual in the format
   Tensor ptilde_;    // (B, NH, T) int32 P~ == 1 counts, collect_stats
   Tensor rowstats_;  // (B, NH, T) flash::RowStats, collect_stats
-  std::vector<AttentionHeadStats> stats_;
 };
 
 FlashAttentionCuda& flash_of(const Attention& attn) {

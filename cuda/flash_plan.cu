@@ -15,8 +15,8 @@ float scale_of(int hs) {
 AttnNumerics resolve_numerics(const AttentionConfig& cfg, DType fmt) {
   const char* kind = attention_kind_name(cfg.kind);
   if (fmt != DType::BF16 && fmt != DType::F16)
-    fail("attention.kind = ", kind, " on the GPU needs a bf16 or fp16 compute format (got ",
-         dtype_name(fmt), "); use attention.kind: baseline for ", dtype_name(fmt));
+    fail("attention.backend = ", kind, " on the GPU needs a bf16 or fp16 compute format (got ",
+         dtype_name(fmt), "); use attention.backend: baseline for ", dtype_name(fmt));
   const AttnNumerics n = cfg.numerics(fmt, 0);  // fp32_out_heads is refused: every head alike
   auto must_be_fmt = [&](DType got, const char* key) {
     if (got != fmt)

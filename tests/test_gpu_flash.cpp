@@ -788,7 +788,7 @@ TEST_F(GpuFlash, UnsupportedSettingsFail) {
       {"attention.out", [](AttentionConfig& c) { c.out = DType::F32; }},
       {"attention.qkv", [](AttentionConfig& c) { c.qkv = DType::F32; }},
       {"attention.grads", [](AttentionConfig& c) { c.grads = DType::F32; }},
-      {"attention.kind", [](AttentionConfig&) {}, DType::F32},  // fp32 compute: use baseline
+      {"attention.backend", [](AttentionConfig&) {}, DType::F32},  // fp32 compute: use baseline
       {"attention.o_tilde_scope",
        [](AttentionConfig& c) {
          c.accum = DType::BF16;
