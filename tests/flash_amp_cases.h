@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "attention/head_cpu.h"
+#include "attention_test_util.h"
 #include "core/attention.h"
 #include "core/dtype.h"
 #include "core/rng.h"
@@ -51,10 +52,8 @@ namespace st::amp_test {
 // 1 / sqrt(hs) rounded once to FP32, the kernels' scale (cuda/flash_plan.cu's scale_of).
 inline double scale_of(int hs) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs))); }
 
-struct Dims {
-  int B, T, NH, hs;
-  int C() const { return NH * hs; }
-};
+using attn_test::Dims;
+using attn_test::ulp_at;
 
 // (B, T, 3C) values of the compute format in FP32 storage.
 inline std::vector<float> exact_inputs(const Dims& d, DType fmt, int block_k, uint64_t seed) {
@@ -90,23 +89,13 @@ inline std::vector<float> exact_inputs(const Dims& d, DType fmt, int block_k, ui
 }
 
 // q, k ~ N(0, 1) (q scaled by 2: peakier rows), v ~ N(0.7, 0.3), rounded to fmt; keys 2 and 5
-// of every head equal (tied maxima in many rows), as test_simt_flash.cpp's random_inputs.
+// of every head equal (tied maxima in many rows): attn_test::random_inputs with V shifted and
+// without dout (tests/attention_test_util.h).
 inline std::vector<float> random_inputs(const Dims& d, DType fmt, uint64_t seed) {
-  const int C = d.C();
-  std::vector<float> qkv(static_cast<size_t>(d.B) * d.T * 3 * C);
+  std::vector<float> qkv(d.n_qkv());
   Rng rng(seed);
-  for (size_t i = 0; i < qkv.size(); ++i) {
-    const int part = static_cast<int>(i % (3 * C)) / C;
-    const double v = part == 0 ? 2 * rng.normal() : part == 1 ? rng.normal() : 0.7 + 0.3 * rng.normal();
-    qkv[i] = round_to(fmt, static_cast<float>(v));
-  }
-  for (int b = 0; b < d.B; ++b)
-    for (int h = 0; h < d.NH; ++h)
-      for (int j = 0; j < d.hs; ++j) {
-        const float w = round_to(fmt, static_cast<float>(3 * rng.normal()));
-        for (int s : {2, 5})
-          if (s < d.T) qkv[(static_cast<size_t>(b) * d.T + s) * 3 * C + C + h * d.hs + j] = w;
-      }
+  attn_test::draw_qkv(qkv, d, fmt, rng, 2.0, 0.7, 0.3);
+  attn_test::tie_keys(qkv, d, fmt, rng);
   return qkv;
 }
 
@@ -217,12 +206,6 @@ inline size_t count_differing(const std::vector<double>& a, const std::vector<do
   return n;
 }
 
-// One ulp of fmt at |x| (normal range).
-inline double ulp_at(double x, DType fmt) {
-  const int mant = fmt == DType::BF16 ? 7 : fmt == DType::F16 ? 10 : 23;
-  return x > 0 ? std::ldexp(1.0, static_cast<int>(std::floor(std::log2(x))) - mant) : 0.0;
-}
-
 // Bit-for-bit (exact inputs) or within `ulps` of fmt at the largest |reference|; printed.
 inline void compare(const char* who, const Case& c, const char* what, const std::vector<double>& got,
                     const std::vector<double>& want, DType unit, double ulps) {
@@ -302,9 +285,6 @@ inline void check_premises(const char* who, const Case& c, const std::vector<flo
 }
 
 // The premise of the exact inputs: exp of every S - m and m - m_new they can produce (the
-// multiples of 1/16 in [-1.75, 0)) lies more than 2^-18 (relative) from a rounding boundary
-// (a midpoint between neighbours) of bf16 and fp16, so an exp with a smaller error (the
-// emulator's exp2f of x log2(e) in FP32, a GPU's ex2.approx) rounds to the same value.
 // multiples of 1/16 in [-1.75, 0)) lies more than 2^-18 (relative) from a rounding boundary
 // (a midpoint between neighbours) of bf16 and fp16, so an exp with a smaller error (the
 // emulator's exp2f of x log2(e) in FP32, a GPU's ex2.approx) rounds to the same value.

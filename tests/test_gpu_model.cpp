@@ -43,6 +43,7 @@
 #include "backends/backends.h"
 #include "core/backend.h"
 #include "core/rng.h"
+#include "gpu_test_util.h"
 #include "model/gpt2.h"
 #include "test_util.h"
 #include "train/config.h"
@@ -52,12 +53,6 @@ namespace fs = std::filesystem;
 
 namespace st {
 namespace {
-
-void require_gpu() {
-  if (!cuda_available())
-    GTEST_FAIL() << "no CUDA GPU is present on this machine: the gpu-labelled tests need one "
-                    "(run tools/gpu_check.sh on a GPU machine)";
-}
 
 // L = 2, NH = 2, C = 128: head size 64, which every GPU attention backend supports.
 GPT2Config small_cfg() {
