@@ -16,7 +16,7 @@
 #               model's predictions beside them (tools/cost_model_vs_measured.py), PyTorch GEMMs
 #        train  configs/gpt2_small.yaml on Tiny Shakespeare (carried data_cache/tiny_shakespeare)
 #               with each attention backend, losses side by side
-#        bias   which production kernels carry Qiu & Yao's tie bias (tools/bias_kernels.py)
+#        bias   which production kernels carry Qiu & Yao's tie bias (apps/bias_kernels.py)
 #        study  the one-call 124M study of the amplified failure on the carried corpus
 #               (configs/studies/gpt2_small_one_call.yaml); both in tools/gpu_check_study.sh
 # A device call runs 10 minutes at most and a session's GPU time is about 15 minutes, starts
@@ -383,7 +383,7 @@ if has_stage bench && ((PROGRAMS_OK)); then
   bench_step "$B/bench_gpu.txt" 90 "bench_gpu" "$BIN/bench_gpu"
   bench_step "$B/bench_attention.txt" 150 "bench attention" "$BIN/bench" attention
   if ((HAVE_TORCH)); then
-    bench_step "$B/torch.txt" 150 "torch attention" python3 tools/bench_torch_attention.py --ours "$B/bench_attention.txt"
+    bench_step "$B/torch.txt" 150 "torch attention" python3 apps/bench_torch_attention.py --ours "$B/bench_attention.txt"
   fi
   for attn in baseline flash stabilized_flash cudnn; do
     bench_step "$B/bench_train.txt" 120 "bench train --attention $attn" \
@@ -400,7 +400,7 @@ if has_stage bench && ((PROGRAMS_OK)); then
       python3 tools/cost_model_vs_measured.py "$pred" "$B/bench_gpu.txt"
   fi
   if ((HAVE_TORCH)); then
-    bench_step "$B/torch.txt" 90 "torch GEMMs" python3 tools/bench_torch_gemm.py --ours "$B/bench_gpu.txt"
+    bench_step "$B/torch.txt" 90 "torch GEMMs" python3 apps/bench_torch_gemm.py --ours "$B/bench_gpu.txt"
     TORCH="ok"
     for f in ${failed[@]+"${failed[@]}"}; do [[ "$f" == torch* ]] && TORCH="FAILED (see bench.txt)"; done
   else
@@ -414,7 +414,7 @@ if has_stage bench && ((PROGRAMS_OK)); then
     tb="$(grep -m1 -oE 'micro-batch B=[0-9]+: fits' "$B/bench_train.txt" | grep -oE '[0-9]+' || echo 64)"
     for comp in 0 1; do
       bench_step "$B/torch_train.txt" 150 "torch GPT-2 step B=$tb compile=$comp" \
-        python3 tools/bench_torch_train.py --device cuda --B "$tb" --T 1024 --steps 10 --warmup 3 \
+        python3 apps/bench_torch_train.py --device cuda --B "$tb" --T 1024 --steps 10 --warmup 3 \
         --compile "$comp" --table
     done
     for f in ${failed[@]+"${failed[@]}"}; do [[ "$f" == torch* ]] && TORCH="FAILED (see bench.txt)"; done
