@@ -1,4 +1,4 @@
-// Attention numerics experiments shared by tools/attn_deviation and the tests, built on the
+// Attention numerics experiments shared by apps/attn_deviation and the tests, built on the
 // head lab (attention/head_cpu.h); nothing here reimplements attention.
 //
 // DeviationStats: max, mean and std of |a - b| over many elements (Golden et al.'s metric).

@@ -17,8 +17,8 @@
 
 #include "report_page.h"
 #include "test_util.h"
-#include "tools/report/run_data.h"
-#include "tools/report/html_report.h"
+#include "apps/report/run_data.h"
+#include "apps/report/html_report.h"
 
 namespace st::report_test {
 

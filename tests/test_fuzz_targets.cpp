@@ -19,9 +19,9 @@
 #include "io/weights.h"
 #include "model/gpt2.h"
 #include "test_util.h"
-#include "tools/report/html_report.h"
-#include "tools/report/run_data.h"
-#include "tools/report/text_report.h"
+#include "apps/report/html_report.h"
+#include "apps/report/run_data.h"
+#include "apps/report/text_report.h"
 #include "train/config.h"
 #include "train/hooks.h"
 

@@ -13,8 +13,8 @@
 
 #include "report_fixture.h"
 #include "report_page.h"
-#include "tools/report/html_report.h"
-#include "tools/report/run_data.h"
+#include "apps/report/html_report.h"
+#include "apps/report/run_data.h"
 
 using namespace st::report_test;
 

@@ -1,4 +1,4 @@
-// The reproduction study's tools (docs/reproduction.md): tools/repro_summary.py against run
+// The reproduction study's tools (docs/reproduction.md): apps/repro_summary.py against run
 // folders whose answers are known (label cpu), and the smoke version of the study end to end
 // with every figure of its table re-derived here from the run files (label slow).
 #include <gtest/gtest.h>
@@ -29,7 +29,7 @@ Cmd run_cmd(const std::string& cmd) { return st::test::run_cmd(cmd, tmp_root());
 // repro_summary.py over `dirs`; its JSON (one object per run, by run name).
 std::map<std::string, json> summary(const std::string& dirs, std::string* table = nullptr) {
   const fs::path js = tmp_root() / "summary.json";
-  const Cmd c = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dirs + " --json " + js.string());
+  const Cmd c = run_cmd("python3 " ST_SOURCE_DIR "/apps/repro_summary.py " + dirs + " --json " + js.string());
   EXPECT_EQ(c.code, 0) << c.err;
   if (table) *table = c.out;
   std::map<std::string, json> m;
@@ -152,7 +152,7 @@ TEST(ReproSummary, ExplosionTableAndTimelineWithKnownAnswers) {
   for (int seed = 1; seed <= 3; ++seed)
     known_run("s" + std::to_string(seed), 300, 0, "[t] done", "known2", seed, "stabilized_flash");
   const std::string dir = (tmp_root() / "known2").string();
-  const Cmd c = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
+  const Cmd c = run_cmd("python3 " ST_SOURCE_DIR "/apps/repro_summary.py " + dir +
                         " --explosions --reference stabilized --timeline 1");
   ASSERT_EQ(c.code, 0) << c.err;
   // 2 of 3: the exact 95% interval is [0.0943, 0.9916] (beta quantiles); 0 of 3: [0, 0.7076].
@@ -171,7 +171,7 @@ TEST(ReproSummary, ExplosionTableAndTimelineWithKnownAnswers) {
   {
     std::ofstream(tmp_root() / "known2" / "f3" / "config.yaml", std::ios::app)
         << "  o_tilde_gain: 0.0\n";
-    const Cmd newer = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
+    const Cmd newer = run_cmd("python3 " ST_SOURCE_DIR "/apps/repro_summary.py " + dir +
                               " --explosions --reference stabilized");
     EXPECT_EQ(newer.code, 0) << newer.err;
     EXPECT_NE(newer.out.find("| flash | 1: 143, 2: 121, 3: none | 2 of 3 |"), std::string::npos)
@@ -182,18 +182,18 @@ TEST(ReproSummary, ExplosionTableAndTimelineWithKnownAnswers) {
   // The permutation test's known answers: {1,2,3} vs {4,5,6}, 2 of the 20 splits as far apart
   // (itself and its mirror); {1,2,4} vs {3,5,6}, sum 7 of 21: the splits summing <= 7 or >= 14,
   // {1,2,3} {1,2,4} {3,5,6} {4,5,6}: 4 of 20.
-  const Cmd perm = run_cmd("python3 -c \"import sys; sys.path.insert(0, '" ST_SOURCE_DIR "/tools'); "
+  const Cmd perm = run_cmd("python3 -c \"import sys; sys.path.insert(0, '" ST_SOURCE_DIR "/apps'); "
                            "import repro_summary as r; print(r.permutation_p([1, 2, 3], [4, 5, 6]), "
                            "r.permutation_p([1, 2, 4], [3, 5, 6]))\"");
   EXPECT_EQ(perm.out, "0.1 0.2\n") << perm.err;
   // A label matched exactly wins over the labels it is a substring of ("flash" of
   // "stabilized_flash"); a substring of two labels, or of none, is a one-line error.
-  const Cmd exact = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
+  const Cmd exact = run_cmd("python3 " ST_SOURCE_DIR "/apps/repro_summary.py " + dir +
                             " --explosions --reference flash");
   EXPECT_EQ(exact.code, 0) << exact.err;
   EXPECT_NE(exact.out.find("| stabilized_flash | 1: none, 2: none, 3: none | 0 of 3 | 0.00-0.71 | 0.4 |"),
             std::string::npos) << exact.out;
-  const Cmd bad = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + dir +
+  const Cmd bad = run_cmd("python3 " ST_SOURCE_DIR "/apps/repro_summary.py " + dir +
                           " --explosions --reference las");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("--reference 'las' matches 2 configurations"), std::string::npos) << bad.err;
@@ -201,10 +201,10 @@ TEST(ReproSummary, ExplosionTableAndTimelineWithKnownAnswers) {
 
 TEST(ReproSummary, NoRunsIsAOneLineError) {
   fs::create_directories(tmp_root() / "empty");
-  const Cmd c = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + (tmp_root() / "empty").string());
+  const Cmd c = run_cmd("python3 " ST_SOURCE_DIR "/apps/repro_summary.py " + (tmp_root() / "empty").string());
   EXPECT_NE(c.code, 0);
   EXPECT_NE(c.err.find("repro_summary: error: no run folders"), std::string::npos) << c.err;
-  const Cmd d = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + (tmp_root() / "absent").string());
+  const Cmd d = run_cmd("python3 " ST_SOURCE_DIR "/apps/repro_summary.py " + (tmp_root() / "absent").string());
   EXPECT_NE(d.code, 0);
   EXPECT_NE(d.err.find("no such folder"), std::string::npos) << d.err;
 }

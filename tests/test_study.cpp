@@ -1,4 +1,4 @@
-// study (tools/study.cpp, docs/studies.md) end to end on the real binaries: a study of 3
+// study (apps/study.cpp, docs/studies.md) end to end on the real binaries: a study of 3
 // attention backends x 2 seeds on a tiny byte-level model (8 steps a run, well under a
 // second each) gives 6 run directories with the same checkpoint steps, compare.csv and
 // report.html; a second invocation skips every run and changes no run file; a run left
@@ -354,7 +354,7 @@ TEST(Study, JobsTrainRunsAtOnceWithTheBitsOfOneAtATime) {
   const nlohmann::json page = st::test::page_data(slurp(logs / "report.html"));
   ASSERT_TRUE(page.is_object()) << "report.html has no data document";
   EXPECT_EQ(page["runs"].size(), kRuns.size());
-  const Cmd sum = run_cmd("python3 " ST_SOURCE_DIR "/tools/repro_summary.py " + logs.string());
+  const Cmd sum = run_cmd("python3 " ST_SOURCE_DIR "/apps/repro_summary.py " + logs.string());
   EXPECT_EQ(sum.code, 0) << sum.err;
   for (const auto& r : kRuns) EXPECT_NE(sum.out.find(r), std::string::npos) << sum.out;
 

@@ -13,7 +13,7 @@
 #   io         file formats: checkpoints, llm.c and safetensors weights
 #   analysis   weight slices, spectral/Wasserstein statistics shared by hooks and tools
 #   train      config, trainer, stability hooks, run directory I/O
-#   tools      executables (compare, report, bench, attn_deviation, ...)
+#   apps       the programs a user runs (train, study, report, compare, bench, ...)
 # tests/ may include anything. Includes whose first component is not a layer (system
 # headers, "simt/simt.h": the SIMT emulator's runtime, cuda/ under tests/simt) are not
 # checked.
@@ -25,7 +25,7 @@
 #     cmake -DROOT=<source dir> -P tools/check_layers.cmake
 #   prints every violation as "file: <layer> includes <header> from the higher layer <layer>"
 #   and exits non-zero.
-set(ST_LAYERS core layers attention optim backends cuda model data dist io analysis train tools)
+set(ST_LAYERS core layers attention optim backends cuda model data dist io analysis train apps)
 
 function(st_check_layers root out_var)
   set(violations "")
@@ -62,6 +62,8 @@ if(CMAKE_SCRIPT_MODE_FILE)
   if(NOT DEFINED ROOT)
     message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P tools/check_layers.cmake")
   endif()
+  # A relative ROOT (-DROOT=.) is taken from the working directory: file(GLOB) needs it whole.
+  get_filename_component(ROOT "${ROOT}" ABSOLUTE BASE_DIR "$ENV{PWD}")
   st_check_layers(${ROOT} v)
   if(v)
     list(LENGTH v count)

@@ -16,7 +16,7 @@
 #               model's predictions beside them (tools/cost_model_vs_measured.py), PyTorch GEMMs
 #        train  configs/gpt2_small.yaml on Tiny Shakespeare (carried data_cache/tiny_shakespeare)
 #               with each attention backend, losses side by side
-#        bias   which production kernels carry Qiu & Yao's tie bias (tools/bias_kernels.py)
+#        bias   which production kernels carry Qiu & Yao's tie bias (apps/bias_kernels.py)
 #        study  the one-call 124M study of the amplified failure on the carried corpus
 #               (configs/studies/gpt2_small_one_call.yaml); both in tools/gpu_check_study.sh
 #      (step 2 is tools/gpu_check_build.sh; test, bench, train tools/gpu_check_default_stages.sh)

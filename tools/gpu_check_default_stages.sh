@@ -59,7 +59,7 @@ run_bench_stage() {
   bench_step "$B/bench_gpu.txt" 90 "bench_gpu" "$BIN/bench_gpu"
   bench_step "$B/bench_attention.txt" 150 "bench attention" "$BIN/bench" attention
   if ((HAVE_TORCH)); then
-    bench_step "$B/torch.txt" 150 "torch attention" python3 tools/bench_torch_attention.py --ours "$B/bench_attention.txt"
+    bench_step "$B/torch.txt" 150 "torch attention" python3 apps/bench_torch_attention.py --ours "$B/bench_attention.txt"
   fi
   for attn in baseline flash stabilized_flash cudnn; do
     bench_step "$B/bench_train.txt" 120 "bench train --attention $attn" \
@@ -76,7 +76,7 @@ run_bench_stage() {
       python3 tools/cost_model_vs_measured.py "$pred" "$B/bench_gpu.txt"
   fi
   if ((HAVE_TORCH)); then
-    bench_step "$B/torch.txt" 90 "torch GEMMs" python3 tools/bench_torch_gemm.py --ours "$B/bench_gpu.txt"
+    bench_step "$B/torch.txt" 90 "torch GEMMs" python3 apps/bench_torch_gemm.py --ours "$B/bench_gpu.txt"
     TORCH="ok"
     for f in ${failed[@]+"${failed[@]}"}; do [[ "$f" == torch* ]] && TORCH="FAILED (see bench.txt)"; done
   else
@@ -90,7 +90,7 @@ run_bench_stage() {
     tb="$(grep -m1 -oE 'micro-batch B=[0-9]+: fits' "$B/bench_train.txt" | grep -oE '[0-9]+' || echo 64)"
     for comp in 0 1; do
       bench_step "$B/torch_train.txt" 150 "torch GPT-2 step B=$tb compile=$comp" \
-        python3 tools/bench_torch_train.py --device cuda --B "$tb" --T 1024 --steps 10 --warmup 3 \
+        python3 apps/bench_torch_train.py --device cuda --B "$tb" --T 1024 --steps 10 --warmup 3 \
         --compile "$comp" --table
     done
     for f in ${failed[@]+"${failed[@]}"}; do [[ "$f" == torch* ]] && TORCH="FAILED (see bench.txt)"; done

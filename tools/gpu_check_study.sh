@@ -1,12 +1,12 @@
 # The stages of tools/gpu_check.sh for issue 44, sourced by it (its helpers: begin_stage,
 # left, within, logged, say, out_of_time_note; its variables OUT, BIN, WORK, LOG):
-#   bias   tools/bias_kernels.py --device cuda: Qiu & Yao's tied-maximum inputs through
+#   bias   apps/bias_kernels.py --device cuda: Qiu & Yao's tied-maximum inputs through
 #          PyTorch SDPA's flash, efficient, cuDNN and math backends and our baseline, flash,
 #          stabilized flash and cudnn, mean signed error against FP64 with its standard error
 #          -> $OUT/bias_kernels.md, $OUT/bias_kernels.csv
 #   study  configs/studies/gpt2_small_one_call.yaml (GPT-2 124M, the amplified tie bias,
 #          baseline / flash / stabilized flash trained at once) on the carried corpus
-#          (data_cache/corpus: tools/corpus_linux.sh), seed GPU_CHECK_STUDY_SEED (default 1),
+#          (data_cache/corpus: apps/corpus_linux.sh), seed GPU_CHECK_STUDY_SEED (default 1),
 #          stopped by SIGTERM at the stage's deadline (every run checkpoints and stops) ->
 #          $OUT/study_seed-N.tar.gz: each run's metrics.jsonl, events.jsonl, train.log,
 #          config.yaml and hook CSVs (not the checkpoints), and the resolved study.yaml.
@@ -28,8 +28,8 @@ run_bias_stage() {
     return
   fi
   local dir="$WORK/bias_kernels" rc=0
-  say "bias: tools/bias_kernels.py --device cuda (at most $(left) s)"
-  logged - within "${GPU_CHECK_BIAS_S:-240}" python3 tools/bias_kernels.py --device cuda \
+  say "bias: apps/bias_kernels.py --device cuda (at most $(left) s)"
+  logged - within "${GPU_CHECK_BIAS_S:-240}" python3 apps/bias_kernels.py --device cuda \
     --attn-deviation "$BIN/attn_deviation" --rows "${GPU_CHECK_BIAS_ROWS:-4096}" --ties 2,3,5 \
     --seed 1 --time-limit $(($(left) - 30)) --out "$dir" || rc=$?
   cp "$dir/bias_kernels.md" "$dir/bias_kernels.csv" "$OUT/" 2>/dev/null || true
@@ -50,7 +50,7 @@ run_study_stage() {
   [[ -d "$tok" ]] || tok=../shared/data/gpt2-tokenizer
   if ! compgen -G "$data/linux_train_*.bin" >/dev/null; then
     if [[ ! -f "$xz" ]]; then
-      STUDY="no corpus: run tools/corpus_linux.sh here and carry data_cache/corpus (README, Training on a GPU)"
+      STUDY="no corpus: run apps/corpus_linux.sh here and carry data_cache/corpus (README, Training on a GPU)"
       return
     fi
     say "study: unpacking and tokenizing $xz"

@@ -5,8 +5,8 @@
 # without git: a device call carries the working tree, not necessarily its history.
 # A bundle records it; gpu_check.sh uses a bundle only when the tree it runs in has the same.
 source_hash() {
-  (cd "$ROOT" && find CMakeLists.txt core layers attention optim model data train dist analysis \
-    cuda tools tests -type f \( -name '*.c' -o -name '*.cc' -o -name '*.cpp' -o -name '*.h' \
+  (cd "$ROOT" && find CMakeLists.txt core layers attention optim backends model data train dist io analysis \
+    cuda apps tools tests -type f \( -name '*.c' -o -name '*.cc' -o -name '*.cpp' -o -name '*.h' \
     -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' -o -name 'CMakeLists.txt' \
     -o -name '*.cmake' \) -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0 sha256sum |
     sha256sum | cut -c1-16)

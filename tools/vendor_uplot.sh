@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The chart library of `report`'s HTML page: uPlot, pinned, from the npm registry, committed
-# under third_party/uplot/ and compiled into the report binary (tools/report/embed_assets.cmake),
+# under third_party/uplot/ and compiled into the report binary (apps/report/embed_assets.cmake),
 # so the page stays one offline file and the build needs no network.
 #   bash tools/vendor_uplot.sh           download the pinned version again (npm checks the
 #                                        tarball against the registry's sha512) and copy its

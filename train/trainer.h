@@ -1,5 +1,5 @@
 // The training driver behind `train`: run directory, step loop, evaluation, metrics,
-// checkpoints and exact resume. Library code (throws st::Error); train_main.cpp is the CLI.
+// checkpoints and exact resume. Library code (throws st::Error); apps/train.cpp is the CLI.
 #pragma once
 #include <cstdint>
 #include <string>

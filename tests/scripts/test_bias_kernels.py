@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/bias_kernels.py's dry run on tiny sizes, checked where it can fail (ctest label cpu).
+"""apps/bias_kernels.py's dry run on tiny sizes, checked where it can fail (ctest label cpu).
 
     test_bias_kernels.py REPO_ROOT ATTN_DEVIATION_BIN WORK_DIR
 
@@ -41,7 +41,7 @@ def check(cond, what):
 def main():
     root, bin_, work = sys.argv[1], sys.argv[2], sys.argv[3]
     os.makedirs(work, exist_ok=True)
-    script = os.path.join(root, "tools", "bias_kernels.py")
+    script = os.path.join(root, "apps", "bias_kernels.py")
 
     # 1. apply's command-line errors
     qkv = os.path.join(work, "z.bin")
@@ -74,7 +74,7 @@ def main():
     for f in ("bias_kernels.md", "bias_kernels.csv", "bias_kernels.json"):
         check(os.path.getsize(os.path.join(out, f)) > 0, f"{f} written")
     md = open(os.path.join(out, "bias_kernels.md")).read()
-    check("Command (regenerates this file): `python3 tools/bias_kernels.py --device cpu" in md,
+    check("Command (regenerates this file): `python3 apps/bias_kernels.py --device cpu" in md,
           "the table states its command")
     check("V ~ normal:0.7:0.3" in md, "the table states the input distribution")
 

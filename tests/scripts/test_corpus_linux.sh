@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest corpus_linux_script (label cpu, offline, about 2 s): tools/corpus_linux.sh against a
+# ctest corpus_linux_script (label cpu, offline, about 2 s): apps/corpus_linux.sh against a
 # fake linux-source .deb built here (dpkg-deb --build of a tiny tree), checking its cleaning
 # rules on the decompressed output, its up-to-date check and --force, the size cap, the
 # tokenizer copied beside the corpus, and its one-line errors for a missing, garbage or
@@ -7,7 +7,7 @@
 # Usage: test_corpus_linux.sh REPO_ROOT
 set -uo pipefail
 ROOT="$1"
-SCRIPT="$ROOT/tools/corpus_linux.sh"
+SCRIPT="$ROOT/apps/corpus_linux.sh"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 fails=0

@@ -13,12 +13,13 @@ rm -rf "$W"
 mkdir -p "$W/root/data_cache/corpus" "$W/bin" "$W/out" "$W/work"
 fail() { echo "test_gpu_check_study: FAILED: $*" >&2; exit 1; }
 
-# A corpus and its tokenizer where tools/corpus_linux.sh puts them.
+# A corpus and its tokenizer where apps/corpus_linux.sh puts them.
 for i in $(seq 1 300); do printf 'static int f%d(void) { return %d; }\n\n\n' "$i" "$i"; done >"$W/text.txt"
 xz -c "$W/text.txt" >"$W/root/data_cache/corpus/linux.txt.xz"
 cp -r "$SRC/../shared/data/gpt2-tokenizer" "$W/root/data_cache/corpus/gpt2-tokenizer"
 ln -s "$SRC/configs" "$W/root/configs"
 ln -s "$SRC/tools" "$W/root/tools"
+ln -s "$SRC/apps" "$W/root/apps"
 
 ln -s "$REAL_BIN/study" "$W/bin/study"
 ln -s "$REAL_BIN/prepare_data" "$W/bin/prepare_data"

@@ -38,7 +38,7 @@ std::string shape_of(std::initializer_list<long long> dims) {
   return s;
 }
 
-// The rows of bench_gpu kernels (tools/bench_gpu.cu, run_kernels), with the times measured
+// The rows of bench_gpu kernels (apps/bench_gpu.cu, run_kernels), with the times measured
 // on an H200 on 2026-11-27 (bench/results/2026-11-27_gpu_speed_h200.md, call 1), and rows
 // for kernels not yet measured.
 std::vector<Row> build_rows(uint64_t mb) {
