@@ -23,7 +23,7 @@ ratio to the untied rows' error, and the excess over the exact O rounded once to
 per row): a kernel that rounds O correctly has excess 0 whatever the rows. Qiu & Yao's bias is
 an excess along sign(V) on tied rows only.
 
-How exact scores reach every kernel through Q and K (tests/simt/test_simt_flash.cpp's
+How exact scores reach every kernel through Q and K (tests/attention_test_util.h's
 stats_inputs, one column pair per query row): head dim d = 64; query row t uses the column
 pair j = t mod 32, q_t = e_2j + e_2j+1; key s holds, in pair j, X = hi + lo with
 hi = bf16(X), lo = X - hi, X = 8 * score rounded to 16 significant bits, so q_t . k_s = X

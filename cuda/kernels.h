@@ -1,5 +1,5 @@
 // Host-side launchers of the CUDA backend's kernels (one .cu file per family). CudaBackend
-// (cuda_backend.cu) checks shapes, dtypes and aliasing, then calls these with raw device
+// (cuda_backend_kernels.cu) checks shapes, dtypes and aliasing, then calls these with raw device
 // pointers. `dtype` is the storage of the compute-format operands (F32, BF16 or F16); FP32
 // statistics (layernorm mean/rstd, losses), master weights and Adam moments are float*.
 // Every launcher enqueues on `stream` and checks the launch; none synchronizes.

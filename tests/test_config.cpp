@@ -383,7 +383,7 @@ TEST(Config, CrossFieldChecks) {
 // attention.backend cudnn is NVIDIA's GPU kernel: a config that can never put it on a GPU,
 // or gives it a format cuDNN's fused attention does not take, is refused at load time, by
 // key; device auto is accepted here (the CPU backend refuses it at run time, tested in
-// test_attention.cpp).
+// test_attention_class.cpp).
 TEST(Config, CudnnBackendIsGpuOnly) {
   EXPECT_HAS(parse_error("device: cpu\nprecision: {compute: bf16}\nattention: {backend: cudnn}\n"),
              "attention.backend = cudnn but device is cpu: cuDNN's fused attention runs only on "

@@ -1,5 +1,5 @@
 // cuDNN's fused attention without a GPU (label cpu; built only with cuDNN 9): the forward and
-// backward graphs cuda/attention_cudnn.cu hands cuDNN, planned devicelessly for an H100
+// backward graphs cuda/cudnn_graph.cu hands cuDNN, planned devicelessly for an H100
 // (cuDNN >= 9.8 plans for a CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR; tests/data/
 // cudnn_deviceprop_h100_sxm.json: the cudaGetDeviceProperties values of an H100 SXM5, from
 // which cuDNN's heuristics read the SM version 9.0, the 132 SMs and the shared memory).
@@ -9,7 +9,7 @@
 // the backward engines are deterministic by cuDNN's numerical notes. Without a driver (this
 // machine: the toolkit's stub libcuda, CMake points LD_LIBRARY_PATH at it) finalizing stops
 // where the compiled kernel would be loaded into the GPU, so that is the one failure allowed.
-// What it cannot show: that the kernels run, or their numbers (tests/test_gpu_flash.cpp,
+// What it cannot show: that the kernels run, or their numbers (tests/test_gpu_cudnn.cpp,
 // GpuCudnn.*, on a GPU). Nor that the graph computes attention: cuDNN accepts well-formed
 // graphs that compute something else too (tried: the backward without its P^T reshape, so
 // dV = P dO, passes here). It fails where cuDNN has no engine (the FP32 test below).
