@@ -36,6 +36,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
+
 // ------------------------------------------------------------------ CUDA vocabulary
 
 struct uint3 {
@@ -344,15 +346,13 @@ inline float __fdiv_rn(float a, float b) {
 inline float __fmaf_rn(float a, float b, float c) {
   return std::fma(a, b, c);
 }
+// Bit casts: core/dtype.h's (a reinterpretation, nothing rounded: the 16-bit conversions
+// below stay the emulator's own).
 inline float __uint_as_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return ::st::bits_float(u);
 }
 inline uint32_t __float_as_uint(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
+  return ::st::float_bits(f);
 }
 namespace simt {
 float double_to_float(double x, int mode);  // 0: rn, 1: rz, 2: ru, 3: rd

@@ -1,11 +1,14 @@
 // Running kernels in the SIMT emulator for the cost tools (simt_cost_model.cpp,
-// simt_attention_cost.cpp): device memory as lazily-zeroed pages, and a traced launch.
+// simt_attention_cost.cpp): device memory as lazily-zeroed pages, a traced launch, and the
+// tools' main.
 #pragma once
 
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -49,6 +52,17 @@ inline std::vector<simt::LaunchTraffic> traced(uint64_t max_blocks,
   if (simt::failures() != fails || cudaGetLastError() != cudaSuccess)
     throw std::runtime_error("a launch failed: " + simt::last_failure());
   return log;
+}
+
+// A cost tool's main: run(argc, argv), or, when it throws, the message after the tool's name
+// on stderr and exit status 1.
+inline int tool_main(const char* tool, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", tool, e.what());
+    return 1;
+  }
 }
 
 }  // namespace st::cost

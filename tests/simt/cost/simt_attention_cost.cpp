@@ -122,6 +122,15 @@ void bwd_regs(const std::map<std::string, int>& regs, int d, int acc, int& dkdv_
   if (!dkdv_regs || !dq_regs) throw std::runtime_error("no ptxas registers for the backward");
 }
 
+// A row of the table: its name, shape and measured time (ms; kept in us).
+ComputeRow row_of(const std::string& name, const std::string& shape, double measured_ms) {
+  ComputeRow r;
+  r.name = name;
+  r.shape = shape;
+  r.measured_us = measured_ms * 1e3;
+  return r;
+}
+
 std::vector<ComputeRow> build_rows(const Args& a) {
   const auto regs = read_regs();
   std::vector<ComputeRow> rows;
@@ -148,10 +157,7 @@ std::vector<ComputeRow> build_rows(const Args& a) {
       const AttnNumerics n = flash::resolve_numerics(cfg, fmt);
       const int acc = n.accum != DType::F32 ? 1 : 0;
       const char* kname = kind == 0 ? "flash" : "stabilized_flash";
-      ComputeRow f;
-      f.name = std::string(kname) + " fwd";
-      f.shape = shape;
-      f.measured_us = m.fwd[kind] * 1e3;
+      ComputeRow f = row_of(std::string(kname) + " fwd", shape, m.fwd[kind]);
       const auto fl = traced(a.max_blocks, [&] { flash::run_forward(cfg, n, fmt, cd, b, nullptr); });
       const int fr = regs_of(regs, "fwd_kernel " + std::to_string(d) + ",128," +
                                        std::to_string(cfg.block_k) + "," + std::to_string(kind) +
@@ -162,10 +168,7 @@ std::vector<ComputeRow> build_rows(const Args& a) {
         bwd = traced(a.max_blocks, [&] { flash::run_backward(cfg, n, fmt, cd, b, nullptr); });
         bwd_regs(regs, d, acc, dkdv_regs, dq_regs);
       }
-      ComputeRow w;
-      w.name = std::string(kname) + " bwd";
-      w.shape = shape;
-      w.measured_us = m.bwd[kind] * 1e3;
+      ComputeRow w = row_of(std::string(kname) + " bwd", shape, m.bwd[kind]);
       int k_bwd = 0;  // BwdParams launches: dK/dV first, then dQ
       for (const auto& l : bwd) {
         if (l.kernel.find("BwdParams") != std::string::npos)
@@ -189,14 +192,14 @@ std::vector<ComputeRow> build_rows(const Args& a) {
       const double mm_flop = 2.0 * BH * T * T * d;  // every head GEMM: T x T x d
       const double st_bytes = 2.0 * BH * (static_cast<double>(T) * T + 2.0 * T * d);  // S or P + two (T, d)
       const double visible = static_cast<double>(BH) * T * (T + 1) / 2.0;
-      ComputeRow f;
-      f.name = "baseline fwd";
-      f.shape = shape;
-      f.measured_us = m.fwd[2] * 1e3;
-      f.memory = traced(kBaselineBlocks, [&] {
+      auto split_qkv = [&] {  // q, k and v from qkv: the first launches of both passes
         for (int i = 0; i < 3; ++i)
           cudak::attn_split_heads(i == 0 ? q.p : i == 1 ? k.p : v.p, qkv.p, B, T, H, d, d, C3,
                                   i * C, fmt, nullptr);
+      };
+      ComputeRow f = row_of("baseline fwd", shape, m.fwd[2]);
+      f.memory = traced(kBaselineBlocks, [&] {
+        split_qkv();
         cudak::softmax_forward(SP.p, static_cast<float*>(lse.p), rows_n, T, T, true,
                                cudak::SoftmaxRowStats{}, AttentionConfig{}.tie_tol, fmt, nullptr);
         cudak::attn_merge_heads(out.p, o.p, B, T, H, d, d, C, 0, fmt, nullptr);
@@ -207,14 +210,9 @@ std::vector<ComputeRow> build_rows(const Args& a) {
       // the launches: 3 splits, the softmax, the merge
       f.memory_fp64 = {0, 0, 0, visible * ((T > 12160 ? 2 : 1) * kFp64Exp + kFp64Div), 0};
       rows.push_back(f);
-      ComputeRow w;
-      w.name = "baseline bwd";
-      w.shape = shape;
-      w.measured_us = m.bwd[2] * 1e3;
+      ComputeRow w = row_of("baseline bwd", shape, m.bwd[2]);
       w.memory = traced(kBaselineBlocks, [&] {
-        for (int i = 0; i < 3; ++i)
-          cudak::attn_split_heads(i == 0 ? q.p : i == 1 ? k.p : v.p, qkv.p, B, T, H, d, d, C3,
-                                  i * C, fmt, nullptr);
+        split_qkv();
         cudak::attn_split_heads(o.p, dout.p, B, T, H, d, d, C, 0, fmt, nullptr);
         cudak::softmax_backward(dP.p, SP.p, rows_n, T, T, true, fmt, nullptr);
         for (int i = 0; i < 3; ++i)
@@ -444,10 +442,5 @@ int run(int argc, char** argv) {
 }  // namespace st::cost
 
 int main(int argc, char** argv) {
-  try {
-    return st::cost::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "simt_attention_cost: %s\n", e.what());
-    return 1;
-  }
+  return st::cost::tool_main("simt_attention_cost", st::cost::run, argc, argv);
 }

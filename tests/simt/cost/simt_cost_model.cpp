@@ -427,10 +427,5 @@ int run(int argc, char** argv) {
 }  // namespace st::cost
 
 int main(int argc, char** argv) {
-  try {
-    return st::cost::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "simt_cost_model: %s\n", e.what());
-    return 1;
-  }
+  return st::cost::tool_main("simt_cost_model", st::cost::run, argc, argv);
 }
