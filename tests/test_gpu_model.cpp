@@ -45,6 +45,7 @@
 #include "core/rng.h"
 #include "gpu_test_util.h"
 #include "model/gpt2.h"
+#include "model_shapes.h"
 #include "test_util.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -55,15 +56,7 @@ namespace st {
 namespace {
 
 // L = 2, NH = 2, C = 128: head size 64, which every GPU attention backend supports.
-GPT2Config small_cfg() {
-  GPT2Config c;
-  c.vocab_size = 200;
-  c.max_seq_len = 64;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 128;
-  return c;
-}
+GPT2Config small_cfg() { return st::test::gpt2_shape(2, 2, 128, 64, 200); }
 
 constexpr int kB = 4, kT = 64;
 

@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "train/hooks.h"
+#include "model_shapes.h"
 
 extern "C" void dgesvd_(const char* jobu, const char* jobvt, const int* m, const int* n,
                         double* a, const int* lda, double* s, double* u, const int* ldu,
@@ -36,15 +37,7 @@ double lapack_sigma_max(const std::vector<double>& a, int m, int n) {
   return s[0];
 }
 
-GPT2Config small_config() {
-  GPT2Config c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 64;
-  c.max_seq_len = 32;
-  c.vocab_size = 300;
-  return c;
-}
+GPT2Config small_config() { return st::test::gpt2_shape(2, 4, 64, 32, 300); }
 
 TEST(SpectralNorm, EveryMatrixSliceOfRandomWeightsMatchesLapack) {
   const GPT2Config c = small_config();
