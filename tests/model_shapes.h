@@ -1,5 +1,6 @@
 // Small model shapes for the tests: a GPT2Config from its five numbers, and a checkpoint
-// state's model fields from a GPT2Config (test_model, test_startup, test_hooks, test_gpu_model, test_compare, test_fuzz).
+// state's model fields from a GPT2Config (test_model, test_startup, test_hooks,
+// test_gpu_model, test_compare, test_fuzz).
 #pragma once
 #include "io/checkpoint.h"
 #include "model/gpt2.h"
