@@ -437,4 +437,31 @@ std::string config_help() {
   return os.str();
 }
 
+namespace {
+
+void flatten_into(const YAML::Node& n, const std::string& prefix,
+                  std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n)
+      flatten_into(kv.second, prefix.empty() ? kv.first.as<std::string>()
+                                             : prefix + "." + kv.first.as<std::string>(), out);
+  } else if (n.IsScalar()) {
+    out[prefix] = n.Scalar();
+  } else if (n.IsSequence()) {
+    YAML::Emitter e;
+    e << YAML::Flow << n;
+    out[prefix] = e.c_str();
+  } else {
+    out[prefix] = "";
+  }
+}
+
+}  // namespace
+
+std::map<std::string, std::string> flatten_yaml(const YAML::Node& doc) {
+  std::map<std::string, std::string> out;
+  flatten_into(doc, "", out);
+  return out;
+}
+
 }  // namespace st
