@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <numeric>
 
 #include "analysis/weight_distance.h"
 #include "core/error.h"
@@ -379,7 +380,7 @@ void check_reference_run(const Config& cfg) {
 
 StabilityHooks::StabilityHooks(const Config& cfg, GPT2& model, const std::string& run_dir,
                                std::shared_ptr<spdlog::logger> log)
-    : cfg_(cfg.hooks) {
+    : cfg_(cfg.hooks), schedule_(HookSchedule::of(cfg)) {
   check_reference_run(cfg);
   impl_ = std::make_unique<Impl>(cfg, model, run_dir, std::move(log));
 }
@@ -397,11 +398,23 @@ struct Timer {
 };
 }  // namespace
 
-bool StabilityHooks::is_hook_step(int64_t s) const {
-  if (cfg_.every <= 0 || s <= 0) return false;
-  const TrainSection& t = impl_->cfg.train;
-  return s % cfg_.every == 0 || (t.ckpt_every > 0 && s % t.ckpt_every == 0) ||
-         s == t.max_steps;
+HookSchedule HookSchedule::of(const Config& cfg) {
+  return {cfg.hooks.every, cfg.train.ckpt_every, cfg.train.max_steps};
+}
+
+bool HookSchedule::is_hook_step(int64_t s) const {
+  if (every <= 0 || s <= 0) return false;
+  return s % every == 0 || (ckpt_every > 0 && s % ckpt_every == 0) || s == max_steps;
+}
+
+int64_t HookSchedule::hook_steps_after(int64_t after) const {
+  const int64_t a = std::max<int64_t>(after, 0), b = max_steps;  // steps <= 0 never are
+  if (every <= 0 || b <= a) return 0;
+  const auto multiples = [&](int64_t m) { return b / m - a / m; };  // of m in (a, b]
+  int64_t n = multiples(every);
+  if (ckpt_every > 0) n += multiples(ckpt_every) - multiples(std::lcm(every, ckpt_every));
+  const bool last_counted = b % every == 0 || (ckpt_every > 0 && b % ckpt_every == 0);
+  return n + (last_counted ? 0 : 1);
 }
 
 void StabilityHooks::resume(int64_t step, const std::vector<uint8_t>& state) {
