@@ -297,6 +297,10 @@ struct StabilityHooks::Impl {
     for (const DriftRow& o :
          drift.layer(t.layer, model.attention_configs().at(t.layer), model.compute(), B, T,
                      qkv.data<double>(), dout.data<double>(), ln1.data<double>(), R, unscale)) {
+      // An undefined value is an empty field (pandas and tools/report read it as NaN):
+      // dwq_rel_err when the FP64 dW_Q is 0; dwq_cos_prev when this step's dW_Q error is
+      // exactly 0 or no earlier hook step had a nonzero one (the first hook step: there is
+      // no previous error direction to take a cosine with).
       auto opt = [](double v) { return std::isnan(v) ? std::string() : num(v); };
       pending_drift.push_back(std::to_string(drift_step) + ',' + std::to_string(o.layer) + ',' +
                               std::to_string(o.head) + ',' + num(o.drift) + ',' + num(o.cum) +
