@@ -3,7 +3,7 @@
 // under the final name. Versioned binary format with a SHA-256 over the whole payload;
 // reading refuses a wrong magic, an unknown version, a truncated file or a checksum
 // mismatch with an error naming the file. The file format is documented at the top of
-// checkpoint.cpp.
+// checkpoint.cpp, the checks of the values read at the top of checkpoint_check.cpp.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -11,6 +11,8 @@
 #include <vector>
 
 namespace st {
+
+struct GPT2Config;  // model/gpt2.h
 
 inline constexpr char kCheckpointMagic[9] = "STCKPT01";  // first 8 bytes of every file
 inline constexpr uint32_t kCheckpointVersion = 3;        // written; versions 1..3 are read
@@ -66,6 +68,9 @@ std::string save_checkpoint(const std::string& path, const CheckpointState& s);
 // Throws st::Error naming `path` on any defect (missing, truncated, wrong magic, unknown
 // version, checksum mismatch, bad records); never returns altered data.
 CheckpointState load_checkpoint(const std::string& path);
+// The model shape of the shape records (n_layer ... padded_vocab_size), unchecked
+// (load_checkpoint has checked it; GPT2Config::validate for a state built in code).
+GPT2Config model_config(const CheckpointState& s);
 // SHA-256 of a byte range, lowercase hex.
 std::string sha256_hex(const void* data, size_t n);
 

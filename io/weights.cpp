@@ -513,13 +513,8 @@ ModelWeights load_safetensors_unchecked(const std::string& path, int n_head) {
 
 ModelWeights weights_from_checkpoint(const CheckpointState& s, const std::string& path) {
   ModelWeights w;
-  GPT2Config& c = w.config;
-  c.n_layer = s.n_layer;
-  c.n_head = s.n_head;
-  c.n_embd = s.n_embd;
-  c.max_seq_len = s.max_seq_len;
-  c.vocab_size = s.vocab_size;
-  c.padded_vocab_size = s.padded_vocab_size;
+  w.config = model_config(s);
+  const GPT2Config& c = w.config;
   check_config(c, path);
   const size_t n = static_cast<size_t>(num_parameters(c));
   const size_t eb = static_cast<size_t>(s.master_elem_bytes);

@@ -4,6 +4,7 @@
 // Unknown keys, wrong types and out-of-range values throw st::Error naming the key and file.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,10 @@
 #include "data/dataset.h"
 #include "model/gpt2.h"
 #include "optim/loss_scaler.h"
+
+namespace YAML {
+class Node;  // yaml-cpp
+}
 
 namespace st {
 
@@ -173,5 +178,10 @@ GradAccumMode grad_accum_mode(const Config& c);       // train.grad_accum_mode
 Recompute recompute_mode(const Config& c);            // train.recompute
 // Human-readable documentation of every key (type, default, range, description).
 std::string config_help();
+// "section.key" -> value text for every leaf of a YAML document (a config.yaml, a
+// checkpoint's config_yaml), for comparing configs (resume, ranks, apps/compare): nested
+// mappings join their keys with '.', a sequence is its flow text ("[a, b]"), a null "" (a
+// bare scalar document is the key ""). Throws YAML::Exception on a key that is not text.
+std::map<std::string, std::string> flatten_yaml(const YAML::Node& doc);
 
 }  // namespace st

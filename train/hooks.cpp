@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <numeric>
 
 #include "analysis/weight_distance.h"
 #include "core/error.h"
@@ -296,6 +297,10 @@ struct StabilityHooks::Impl {
     for (const DriftRow& o :
          drift.layer(t.layer, model.attention_configs().at(t.layer), model.compute(), B, T,
                      qkv.data<double>(), dout.data<double>(), ln1.data<double>(), R, unscale)) {
+      // An undefined value is an empty field (pandas and apps/report read it as NaN):
+      // dwq_rel_err when the FP64 dW_Q is 0; dwq_cos_prev when this step's dW_Q error is
+      // exactly 0 or no earlier hook step had a nonzero one (the first hook step: there is
+      // no previous error direction to take a cosine with).
       auto opt = [](double v) { return std::isnan(v) ? std::string() : num(v); };
       pending_drift.push_back(std::to_string(drift_step) + ',' + std::to_string(o.layer) + ',' +
                               std::to_string(o.head) + ',' + num(o.drift) + ',' + num(o.cum) +
@@ -379,7 +384,7 @@ void check_reference_run(const Config& cfg) {
 
 StabilityHooks::StabilityHooks(const Config& cfg, GPT2& model, const std::string& run_dir,
                                std::shared_ptr<spdlog::logger> log)
-    : cfg_(cfg.hooks) {
+    : cfg_(cfg.hooks), schedule_(HookSchedule::of(cfg)) {
   check_reference_run(cfg);
   impl_ = std::make_unique<Impl>(cfg, model, run_dir, std::move(log));
 }
@@ -397,11 +402,23 @@ struct Timer {
 };
 }  // namespace
 
-bool StabilityHooks::is_hook_step(int64_t s) const {
-  if (cfg_.every <= 0 || s <= 0) return false;
-  const TrainSection& t = impl_->cfg.train;
-  return s % cfg_.every == 0 || (t.ckpt_every > 0 && s % t.ckpt_every == 0) ||
-         s == t.max_steps;
+HookSchedule HookSchedule::of(const Config& cfg) {
+  return {cfg.hooks.every, cfg.train.ckpt_every, cfg.train.max_steps};
+}
+
+bool HookSchedule::is_hook_step(int64_t s) const {
+  if (every <= 0 || s <= 0) return false;
+  return s % every == 0 || (ckpt_every > 0 && s % ckpt_every == 0) || s == max_steps;
+}
+
+int64_t HookSchedule::hook_steps_after(int64_t after) const {
+  const int64_t a = std::max<int64_t>(after, 0), b = max_steps;  // steps <= 0 never are
+  if (every <= 0 || b <= a) return 0;
+  const auto multiples = [&](int64_t m) { return b / m - a / m; };  // of m in (a, b]
+  int64_t n = multiples(every);
+  if (ckpt_every > 0) n += multiples(ckpt_every) - multiples(std::lcm(every, ckpt_every));
+  const bool last_counted = b % every == 0 || (ckpt_every > 0 && b % ckpt_every == 0);
+  return n + (last_counted ? 0 : 1);
 }
 
 void StabilityHooks::resume(int64_t step, const std::vector<uint8_t>& state) {

@@ -35,6 +35,18 @@ struct SpikeDecision {
   bool snapshot = false, skip = false;
 };
 
+// When the hooks run: every `every` steps (hooks.every), at every checkpoint step
+// (train.ckpt_every) and at the run's last step (train.max_steps); never when every is 0.
+// Steps are counted after their update, as in metrics.jsonl.
+struct HookSchedule {
+  int64_t every = 0, ckpt_every = 0, max_steps = 0;
+  static HookSchedule of(const Config& cfg);
+  bool is_hook_step(int64_t s) const;
+  // How many steps in (after, max_steps] are hook steps: the count of is_hook_step over
+  // them, in closed form (the progress line's ETA asks on every log line).
+  int64_t hook_steps_after(int64_t after) const;
+};
+
 // hooks.reference_run (when set) must be a run directory of a model of the same shape;
 // throws naming the key and the config file otherwise.
 void check_reference_run(const Config& cfg);
@@ -46,7 +58,8 @@ class StabilityHooks {
   ~StabilityHooks();
   bool enabled() const { return cfg_.every > 0; }
   // Is step s (counted after its update, as in metrics.jsonl) a hook step?
-  bool is_hook_step(int64_t s) const;
+  bool is_hook_step(int64_t s) const { return schedule_.is_hook_step(s); }
+  const HookSchedule& schedule() const { return schedule_; }
 
   // Resume: drop lines of steps after `step` from the hook files and restore the state
   // saved in the checkpoint (empty: a checkpoint written without hooks).
@@ -77,6 +90,7 @@ class StabilityHooks {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   HooksSection cfg_;
+  HookSchedule schedule_;
   double seconds_ = 0, step_start_seconds_ = 0;
 };
 

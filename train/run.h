@@ -33,8 +33,9 @@ namespace st::detail {
 // metrics.jsonl's record of a config key a resume changed (docs/run_files.md).
 inline constexpr const char* kConfigChangeKind = "config_change";
 
-// "section.key" -> value for every scalar in a YAML document (config comparison on resume;
-// train/run_checkpoints.cpp).
+// "section.key" -> value of a YAML document's text: flatten_yaml (train/config.h) of its one
+// document; throws st::Error on more documents or YAML it cannot flatten (config comparison
+// on resume and between ranks; train/run_checkpoints.cpp).
 std::map<std::string, std::string> flatten(const std::string& yaml);
 
 // STABLETRAIN_FAULT (train/trainer.cpp): dies, hangs or throws at a named point when set.

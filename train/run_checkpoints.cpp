@@ -92,26 +92,15 @@ void load_tensor_bytes(Backend& be, const Tensor& t, const std::vector<uint8_t>&
 
 namespace detail {
 
-// "section.key" -> value for every scalar in a YAML document (config comparison on resume).
+// One YAML document's text, flattened by flatten_yaml (train/config.h).
 std::map<std::string, std::string> flatten(const std::string& yaml) {
-  std::map<std::string, std::string> out;
   try {
     const std::vector<YAML::Node> docs = YAML::LoadAll(yaml);
     if (docs.size() > 1) fail("holds ", docs.size(), " YAML documents, expected one");
-    if (docs.empty()) return out;
-    for (const auto& sec : docs[0]) {
-      const std::string s = sec.first.as<std::string>();
-      if (sec.second.IsMap()) {
-        for (const auto& kv : sec.second)
-          out[s + "." + kv.first.as<std::string>()] = kv.second.as<std::string>();
-      } else {
-        out[s] = sec.second.as<std::string>();
-      }
-    }
+    return docs.empty() ? std::map<std::string, std::string>{} : flatten_yaml(docs[0]);
   } catch (const YAML::Exception& e) {
-    fail("a config that is not a mapping of scalars: ", e.msg);
+    fail("a config that cannot be flattened (not YAML, or a key that is not text): ", e.msg);
   }
-  return out;
 }
 
 std::vector<uint8_t> Run::whole_master_bytes() {

@@ -238,8 +238,7 @@ TrainResult Run::go() {
     };
     l.evals = due(cfg_.train.eval_every);
     l.checkpoints = due(cfg_.train.ckpt_every);
-    if (hooks_->enabled())
-      for (int64_t k = s + 1; k <= max_steps; ++k) l.hook_steps += hooks_->is_hook_step(k);
+    l.hook_steps = hooks_->schedule().hook_steps_after(s);  // 0 with the hooks off
     return l;
   };
   StepTiming timing(step_, [] {  // STABLETRAIN_TIMING_AFTER_S: tests print the line sooner

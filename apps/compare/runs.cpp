@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "data/excerpt.h"
 #include "apps/compare/compare.h"
+#include "train/config.h"
 
 namespace fs = std::filesystem;
 
@@ -134,26 +135,6 @@ void list_checkpoints(Run& r) {
                  t.c_str());
 }
 
-namespace {
-
-void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
-  if (n.IsMap()) {
-    for (const auto& kv : n)
-      flatten(kv.second, prefix.empty() ? kv.first.as<std::string>()
-                                        : prefix + "." + kv.first.as<std::string>(), out);
-  } else if (n.IsScalar()) {
-    out[prefix] = n.Scalar();
-  } else if (n.IsSequence()) {
-    YAML::Emitter e;
-    e << YAML::Flow << n;
-    out[prefix] = e.c_str();
-  } else {
-    out[prefix] = "";
-  }
-}
-
-}  // namespace
-
 void read_config(Run& r) {
   const fs::path p = fs::path(r.path) / "config.yaml";
   if (!fs::exists(p)) {
@@ -166,7 +147,7 @@ void read_config(Run& r) {
     fail(r.config_path, " is not a regular file (a directory, FIFO or device?); restore the",
          " config.yaml train wrote, or remove it to check shapes from the checkpoints only");
   try {
-    flatten(YAML::LoadFile(r.config_path), "", r.config);
+    r.config = flatten_yaml(YAML::LoadFile(r.config_path));
   } catch (const YAML::Exception& e) {
     fail(r.config_path, ": not valid YAML (", e.what(), "); it is written by train: restore it or",
          " delete it to check shapes from the checkpoints only");
