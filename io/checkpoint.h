@@ -71,6 +71,9 @@ CheckpointState load_checkpoint(const std::string& path);
 // The model shape of the shape records (n_layer ... padded_vocab_size), unchecked
 // (load_checkpoint has checked it; GPT2Config::validate for a state built in code).
 GPT2Config model_config(const CheckpointState& s);
+// The inverse: the shape records from a model's shape, padded_vocab_size = c.vp() (what a
+// checkpoint of that model holds).
+void set_model_config(CheckpointState& s, const GPT2Config& c);
 // SHA-256 of a byte range, lowercase hex.
 std::string sha256_hex(const void* data, size_t n);
 

@@ -42,6 +42,15 @@ GPT2Config model_config(const CheckpointState& s) {
   return c;
 }
 
+void set_model_config(CheckpointState& s, const GPT2Config& c) {
+  s.n_layer = c.n_layer;
+  s.n_head = c.n_head;
+  s.n_embd = c.n_embd;
+  s.max_seq_len = c.max_seq_len;
+  s.vocab_size = c.vocab_size;
+  s.padded_vocab_size = c.vp();
+}
+
 namespace detail {
 
 // Empty when the optimizer arrays are consistent, else what is wrong.

@@ -1,6 +1,6 @@
-// Small model shapes for the tests: a GPT2Config from its five numbers, and a checkpoint
-// state's model fields from a GPT2Config (test_model, test_startup, test_hooks,
-// test_gpu_model, test_compare, test_fuzz).
+// Small model shapes for the tests: a GPT2Config from its five numbers (test_model,
+// test_startup, test_hooks, test_gpu_model, test_compare, test_fuzz). A checkpoint state's
+// shape records from a GPT2Config: io/checkpoint.h's set_model_config.
 #pragma once
 #include "io/checkpoint.h"
 #include "model/gpt2.h"
@@ -16,17 +16,6 @@ inline GPT2Config gpt2_shape(int n_layer, int n_head, int n_embd, int max_seq_le
   c.max_seq_len = max_seq_len;
   c.vocab_size = vocab_size;
   return c;
-}
-
-// The model shape in a checkpoint state, padded vocabulary included, as train writes it
-// (Run::checkpoint_state in train/run_checkpoints.cpp, which works from the live model).
-inline void set_model_shape(CheckpointState& s, const GPT2Config& mc) {
-  s.n_layer = mc.n_layer;
-  s.n_head = mc.n_head;
-  s.n_embd = mc.n_embd;
-  s.max_seq_len = mc.max_seq_len;
-  s.vocab_size = mc.vocab_size;
-  s.padded_vocab_size = mc.vp();
 }
 
 }  // namespace st::test

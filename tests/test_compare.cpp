@@ -310,7 +310,7 @@ TEST(compare_Distances, LoadCheckpointWeightsFp32Fp64AndSizeCheck) {
   const int64_t np = num_parameters(c);
   CheckpointState s;
   s.step = 40;
-  test::set_model_shape(s, c);
+  set_model_config(s, c);
   s.compute = "fp64";
   Rng r(3);
   std::vector<double> d(static_cast<size_t>(np));

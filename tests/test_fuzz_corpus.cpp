@@ -68,7 +68,7 @@ std::map<std::string, std::vector<std::pair<std::string, Bundle>>> make_corpus(c
   s.config_yaml = kTinyYaml;
   s.step = 3;
   s.adam_step = 3;
-  test::set_model_shape(s, mc);
+  set_model_config(s, mc);
   s.compute = "fp32";
   s.master = u8(bytes_of(params));
   s.m = s.master;

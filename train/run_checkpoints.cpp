@@ -338,13 +338,7 @@ CheckpointState Run::checkpoint_state(int64_t step, double elapsed_s) const {
   s.config_yaml = config_to_yaml(cfg_);
   s.step = step;
   s.adam_step = model_->adam_step();
-  const GPT2Config& mc = model_->config();
-  s.n_layer = mc.n_layer;
-  s.n_head = mc.n_head;
-  s.n_embd = mc.n_embd;
-  s.max_seq_len = mc.max_seq_len;
-  s.vocab_size = mc.vocab_size;
-  s.padded_vocab_size = mc.vp();
+  set_model_config(s, model_->config());
   s.compute = cfg_.precision.compute;
   s.master_elem_bytes = static_cast<int32_t>(dtype_size(model_->master_flat().dtype()));
   if (!zero_) {
